@@ -1,0 +1,115 @@
+"""The contracts between the runner and the transports.
+
+Source
+    `receive_batch(max_messages, timeout)` waits up to `timeout` seconds for work and returns a
+    `ReceivedBatch` (possibly empty). The messages stay at the source until the batch is
+    committed: a crash, an `abort()` or leaving the `async with` block without `commit()`
+    returns every one of them.
+
+ReceivedBatch
+    `messages` (forwardable), `poison` (never forwardable as is, kept byte for byte),
+    `expired` (how many expired messages the receive dropped: they leave with the commit).
+    `checkpoint` is an opaque source position (Kafka offsets) that a sink supporting
+    transactional checkpoints stores with the rows. Settling twice raises `SettleError`.
+
+Sink
+    `send(envelopes, checkpoint)` returns only once the destination has durably accepted every
+    envelope (SQL commit, Kafka acks=all, RabbitMQ publisher confirm). It raises
+    `TransportUnavailable` (retriable) or `MessageRejected` (one message refused for good, with
+    its index) and never swallows a write failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from bridge.envelope import Envelope, PoisonMessage
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "QueueStats",
+    "ReceivedBatch",
+    "Sink",
+    "Source",
+    "Transport",
+]
+
+#: Source positions to resume from, e.g. {"orders/0": 42} for Kafka topic/partition -> offset.
+Checkpoint = Mapping[str, int]
+
+
+class ReceivedBatch(Protocol):
+    messages: Sequence[Envelope]
+    poison: Sequence[PoisonMessage]
+    expired: int
+    checkpoint: Checkpoint | None
+
+    async def commit(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+    async def __aenter__(self) -> ReceivedBatch: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class Source(Protocol):
+    async def receive_batch(self, max_messages: int, timeout: float) -> ReceivedBatch: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sink(Protocol):
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class CheckpointStore(Protocol):
+    """Where a sink keeps source positions next to the rows it wrote (exactly-once)."""
+
+    async def load_checkpoint(self, consumer: str) -> dict[str, int]: ...
+
+
+class QueueStats(Protocol):
+    depth: int
+    oldest_age_seconds: float | None
+    expired: int
+
+
+class Transport(Protocol):
+    """One per connection in routes.yaml; built by `bridge.transports.load(name, config)`.
+
+    `source`/`sink` open what they need lazily. `install` creates what the addresses need
+    (idempotent) or, with `print_only`, returns the exact statements without connecting.
+    `check` reaches the connection and returns human-readable warnings (raises on errors).
+    `canonical_address` is the address as NServiceBus writes it in headers (wire-format §6).
+    """
+
+    name: str
+
+    def source(self, address: str, *, group: str | None = None) -> Source: ...
+
+    def sink(self, address: str) -> Sink: ...
+
+    async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]: ...
+
+    async def check(self, addresses: Sequence[str]) -> list[str]: ...
+
+    async def peek(self, address: str) -> QueueStats: ...
+
+    def canonical_address(self, address: str) -> str: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,45 @@
+"""One lazy name table from connection `type` to its transport class.
+
+Importing a transport pulls in its driver (psycopg, aiokafka, pika, pyodbc), so nothing is
+imported until a connection of that type is used.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+from bridge.errors import ConfigError
+from bridge.protocols import Transport
+
+__all__ = ["TRANSPORTS", "load"]
+
+TRANSPORTS: dict[str, str] = {
+    "sqlite": "bridge.transports.sql.sqlite:Transport",
+    "postgresql": "bridge.transports.sql.postgresql:Transport",
+    "sqlserver": "bridge.transports.sql.sqlserver:Transport",
+    "kafka": "bridge.transports.kafka:Transport",
+    "rabbitmq": "bridge.transports.rabbitmq:Transport",
+}
+
+
+def load(name: str, config: Any) -> Transport:
+    """Build the transport for connection `name` from its config model."""
+    kind: str = config.type
+    target = TRANSPORTS.get(kind)
+    if target is None:
+        close = difflib.get_close_matches(kind, TRANSPORTS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown connection type {kind!r}{hint}")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        extra = {"postgresql": "postgresql", "sqlserver": "sqlserver"}.get(kind, kind)
+        raise ConfigError(
+            f"connection {name!r} needs the optional dependency {exc.name!r}: "
+            f"pip install 'bridge[{extra}]'"
+        ) from exc
+    transport: Transport = getattr(module, attr)(name, config)
+    return transport

@@ -1,0 +1,56 @@
+"""The SQL `Headers` column codec (wire-format §5), `encode` being the inverse of `decode`.
+
+Written as current NServiceBus endpoints write it: a compact JSON object, `/` escaped as `\\/`,
+non-ASCII characters raw. Read: any standard JSON object whose values are strings or null, with
+order and repeated names kept. An empty string or NULL column means no headers. Anything else
+raises `HeadersFormatError`, which makes the row a poison message.
+"""
+
+from __future__ import annotations
+
+import json
+
+from bridge.envelope import Headers
+from bridge.errors import HeadersFormatError
+
+__all__ = ["decode", "encode"]
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def encode(headers: Headers) -> str:
+    """Serialize to the JSON object text endpoints write (duplicates collapse, last wins)."""
+    return _encoder.encode(headers.to_dict()).replace("/", "\\/")
+
+
+def _pairs(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    return pairs
+
+
+def decode(text: str | bytes | None) -> Headers:
+    """Parse the column; raise HeadersFormatError for anything that is not a flat object."""
+    if text is None:
+        return Headers()
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HeadersFormatError(f"headers are not valid UTF-8: {exc}") from exc
+    if text.strip() == "":
+        return Headers()
+    try:
+        parsed = json.loads(text, object_pairs_hook=_pairs)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise HeadersFormatError(f"headers are not valid JSON: {exc}") from exc
+    if not isinstance(parsed, list):
+        raise HeadersFormatError(
+            f"headers must be a JSON object, got {type(parsed).__name__}"
+        )
+    items: list[tuple[str, str | None]] = []
+    for name, value in parsed:
+        if value is not None and not isinstance(value, str):
+            raise HeadersFormatError(
+                f"header {name!r} must be a string or null, got {type(value).__name__}"
+            )
+        items.append((name, value))
+    return Headers(items)
