@@ -77,10 +77,11 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
 class CheckpointStore(Protocol):
     """Where a sink keeps source positions next to the rows it wrote (exactly-once)."""
 
-    async def load_checkpoint(self, consumer: str) -> dict[str, int]: ...
+    async def load_checkpoint(self, prefix: str) -> dict[str, int]: ...
 
 
 class QueueStats(Protocol):
@@ -100,9 +101,16 @@ class Transport(Protocol):
 
     name: str
 
-    def source(self, address: str, *, group: str | None = None) -> Source: ...
+    def source(
+        self,
+        address: str,
+        *,
+        group: str | None = None,
+        error_queue: str | None = None,
+        checkpoint_store: CheckpointStore | None = None,
+    ) -> Source: ...
 
-    def sink(self, address: str) -> Sink: ...
+    def sink(self, address: str, *, key: str | None = None) -> Sink: ...
 
     async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]: ...
 

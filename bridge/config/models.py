@@ -134,7 +134,7 @@ class Route(Strict):
     key: str = Field(
         "header:NServiceBus.MessageId", description="Kafka record key: `header:NAME` or `none`."
     )
-    headers: HeaderRules = Field(default_factory=HeaderRules)  # type: ignore[arg-type]
+    headers: HeaderRules = Field(default_factory=HeaderRules)
     address_map: dict[str, str] = Field(
         default_factory=dict, description="NServiceBus.ReplyToAddress translations."
     )

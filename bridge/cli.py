@@ -1,0 +1,320 @@
+"""The `bridge` command. Nothing else imports this module.
+
+Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage. A user never sees
+a traceback (set BRIDGE_DEBUG=1 to get one); everything printed passes through the redactor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bridge import __version__
+from bridge.config.loader import LoadedConfig, load_config
+from bridge.config.models import BridgeConfig
+from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
+from bridge.errors import BridgeError, ConfigError
+from bridge.protocols import Transport
+from bridge.telemetry.redact import install_log_filter, redactor
+from bridge.transports import load
+from bridge.wireformat import format_timespan, format_timestamp, parse_timespan
+
+__all__ = ["main"]
+
+log = logging.getLogger("bridge")
+
+
+class UsageError(Exception):
+    """Bad command-line usage: exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "-c", "--config", default="routes.yaml", help="routes file (default: routes.yaml)"
+    )
+    common.add_argument(
+        "--log-level", default=os.environ.get("BRIDGE_LOG_LEVEL", "INFO"), help="log level"
+    )
+    parser = _Parser(prog="bridge", description="Bridge NServiceBus SQL queues, Kafka, RabbitMQ.")
+    parser.add_argument("--version", action="version", version=f"bridge {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = commands.add_parser("check", parents=[common], help="validate the config")
+    check.add_argument("--connect", action="store_true", help="also reach every connection")
+
+    install = commands.add_parser("install", parents=[common], help="create queues and topics")
+    install.add_argument("--print-sql", action="store_true", help="print the DDL, run nothing")
+
+    run = commands.add_parser("run", parents=[common], help="run the routes")
+    run.add_argument("--route", action="append", default=[], help="run only this route")
+    run.add_argument(
+        "--until-idle", type=float, metavar="SECONDS", help="exit once all sources stay empty"
+    )
+
+    send = commands.add_parser("send", parents=[common], help="send messages like an endpoint")
+    send.add_argument("connection")
+    send.add_argument("queue", help="queue table, topic or RabbitMQ queue")
+    send.add_argument("--header", action="append", default=[], metavar="K=V")
+    send.add_argument("--ttl", metavar="TIMESPAN", help="time to be received, e.g. 00:00:30")
+    send.add_argument("--body", default="{}", help="message body, or @FILE")
+    send.add_argument("--count", type=int, default=1, help="how many messages")
+
+    peek = commands.add_parser("peek", parents=[common], help="depth, oldest age, expired")
+    peek.add_argument("connection")
+    peek.add_argument("queue")
+    peek.add_argument("--json", action="store_true", help="print JSON")
+
+    migrate = commands.add_parser("migrate", parents=[common], help="bulk-move with PySpark")
+    migrate.add_argument("--route", required=True)
+    migrate.add_argument("--master", default="local[*]")
+    migrate.add_argument("--partitions", type=int)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> LoadedConfig:
+    loaded = load_config(args.config)
+    for connection in loaded.config.connections.values():
+        for attr in ("dsn", "url"):
+            value = getattr(connection, attr, None)
+            if isinstance(value, str):
+                redactor.add_from_dsn(value)
+        redactor.add([getattr(connection, "sasl_password", None)])
+    return loaded
+
+
+def _addresses(config: BridgeConfig, names: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Every address each connection needs: sources, destinations and error queues."""
+    needed: dict[str, list[str]] = {}
+    for route in config.routes:
+        if names and route.name not in names:
+            continue
+        for connection, address in (
+            (route.from_.connection, route.from_.address),
+            (route.to.connection, route.to.address),
+            (route.from_.connection, route.error_queue_name),
+        ):
+            bucket = needed.setdefault(connection, [])
+            if address not in bucket:
+                bucket.append(address)
+    return needed
+
+
+def _transport(config: BridgeConfig, name: str) -> Transport:
+    connection = config.connections.get(name)
+    if connection is None:
+        known = ", ".join(sorted(config.connections)) or "none"
+        raise UsageError(f"no connection named {name!r} in the config (known: {known})")
+    return load(name, connection)
+
+
+async def _check(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    config = loaded.config
+    print(f"{args.config}: OK ({len(config.connections)} connections, {len(config.routes)} routes)")
+    if not args.connect:
+        return 0
+    failures = 0
+    for name, addresses in _addresses(config).items():
+        transport = _transport(config, name)
+        try:
+            warnings = await transport.check(addresses)
+        except BridgeError as exc:
+            failures += 1
+            print(f"{name}: FAILED: {exc}")
+            continue
+        finally:
+            await transport.close()
+        print(f"{name}: OK ({', '.join(addresses)})")
+        for warning in warnings:
+            print(f"{name}: warning: {warning}")
+    return 1 if failures else 0
+
+
+async def _install(args: argparse.Namespace) -> int:
+    config = _load(args).config
+    for name, addresses in _addresses(config).items():
+        transport = _transport(config, name)
+        try:
+            statements = await transport.install(addresses, print_only=args.print_sql)
+        finally:
+            await transport.close()
+        if args.print_sql:
+            print(f"-- connection {name} ({config.connections[name].type})")
+            for statement in statements:
+                print(statement.rstrip().rstrip(";") + ";\n")
+        else:
+            print(f"{name}: installed {', '.join(addresses)}")
+    return 0
+
+
+def _parse_headers(pairs: Sequence[str]) -> list[tuple[str, str]]:
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--header takes NAME=VALUE, got {pair!r}")
+        out.append((name, value))
+    return out
+
+
+def _read_body(spec: str) -> bytes:
+    if spec.startswith("@"):
+        try:
+            return Path(spec[1:]).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read body file {spec[1:]!r}: {exc.strerror}") from None
+    return spec.encode("utf-8")
+
+
+def endpoint_message(
+    body: bytes, extra: Sequence[tuple[str, str]] = (), ttl: str | None = None
+) -> Envelope:
+    """A message with the headers an NServiceBus endpoint writes on a plain Send."""
+    message_id = str(uuid.uuid4())
+    headers = Headers(
+        [
+            (MESSAGE_ID, message_id),
+            ("NServiceBus.MessageIntent", "Send"),
+            ("NServiceBus.ConversationId", str(uuid.uuid4())),
+            ("NServiceBus.CorrelationId", message_id),
+            ("NServiceBus.OriginatingEndpoint", "bridge"),
+            ("NServiceBus.OriginatingMachine", socket.gethostname()),
+            ("NServiceBus.ContentType", "application/json"),
+            ("NServiceBus.TimeSent", format_timestamp(datetime.now(UTC))),
+        ]
+    )
+    expires_at = None
+    if ttl is not None:
+        span = parse_timespan(ttl)
+        headers.set(TIME_TO_BE_RECEIVED, format_timespan(span))
+        expires_at = time.time() + span.total_seconds()
+    for name, value in extra:
+        headers.set(name, value)
+    return Envelope(headers, body, expires_at=expires_at)
+
+
+async def _send(args: argparse.Namespace) -> int:
+    config = _load(args).config
+    if args.count < 1:
+        raise UsageError("--count must be at least 1")
+    if args.ttl is not None:
+        try:
+            parse_timespan(args.ttl)
+        except ValueError:
+            raise UsageError(f"--ttl takes a TimeSpan like 00:00:30, got {args.ttl!r}") from None
+    extra = _parse_headers(args.header)
+    body = _read_body(args.body)
+    transport = _transport(config, args.connection)
+    try:
+        sink = transport.sink(args.queue)
+        sent = 0
+        while sent < args.count:
+            size = min(1000, args.count - sent)
+            chunk = [endpoint_message(body, extra, args.ttl) for _ in range(size)]
+            await sink.send(chunk)
+            sent += len(chunk)
+        await sink.close()
+    finally:
+        await transport.close()
+    print(f"sent {sent} message{'s' if sent != 1 else ''} to {args.connection}/{args.queue}")
+    return 0
+
+
+async def _peek(args: argparse.Namespace) -> int:
+    config = _load(args).config
+    transport = _transport(config, args.connection)
+    try:
+        stats = await transport.peek(args.queue)
+    finally:
+        await transport.close()
+    data: dict[str, Any] = {
+        "connection": args.connection,
+        "queue": args.queue,
+        "depth": stats.depth,
+        "oldest_age_seconds": stats.oldest_age_seconds,
+        "expired": stats.expired,
+    }
+    if args.json:
+        print(json.dumps(data))
+    else:
+        age = stats.oldest_age_seconds
+        print(f"{args.connection}/{args.queue}")
+        print(f"  depth:   {stats.depth}")
+        print(f"  oldest:  {'-' if age is None else f'{age:.1f} s'}")
+        print(f"  expired: {stats.expired}")
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from bridge.routing.supervisor import Supervisor
+
+    config = _load(args).config
+    unknown = [name for name in args.route if name not in {r.name for r in config.routes}]
+    if unknown:
+        raise UsageError(f"no route named {unknown[0]!r} in {args.config}")
+    supervisor = Supervisor(config, routes=args.route or None, until_idle=args.until_idle)
+    return await supervisor.run()
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    _load(args)
+    raise BridgeError("bridge migrate needs the Spark job, which this build does not include yet")
+
+
+_COMMANDS = {
+    "check": _check,
+    "install": _install,
+    "run": _run,
+    "send": _send,
+    "peek": _peek,
+    "migrate": _migrate,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    install_log_filter()
+    try:
+        return asyncio.run(_COMMANDS[args.command](args))
+    except ConfigError as exc:
+        print(redactor(str(exc)), file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"bridge {args.command}: error: {redactor(str(exc))}", file=sys.stderr)
+        return 2
+    except BridgeError as exc:
+        print(f"bridge {args.command}: {redactor(str(exc))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("BRIDGE_DEBUG"):
+            raise
+        print(
+            f"bridge {args.command}: unexpected {type(exc).__name__}: {redactor(str(exc))}",
+            file=sys.stderr,
+        )
+        return 1

@@ -1,0 +1,175 @@
+"""One route: receive a batch -> drop expired -> translate -> send -> commit, in `concurrency`
+competing loops.
+
+Guarantees
+    The source is committed only after `Sink.send` returned, i.e. after the destination durably
+    accepted the whole batch; any failure before that aborts the batch, so its messages stay at
+    (or return to) the source. Memory is bounded by `batch_size * concurrency`: a loop does not
+    receive again before its batch is settled, so a slow destination slows the source.
+
+Failures
+    A retriable error (`retriable = True` on the exception) puts the loop into backoff
+    (capped exponential, jittered) and it retries on its own. Any other error is retried the same
+    way while the service runs, with the route shown as failing; with `stop_on_fatal` (the
+    `--until-idle` mode) it stops the route instead, so a drain does not spin forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bridge.config.models import Route
+from bridge.envelope import Envelope
+from bridge.protocols import ReceivedBatch, Sink, Source
+from bridge.routing.retry import Backoff
+from bridge.routing.translate import Translator
+
+__all__ = ["RouteRunner", "RouteStats"]
+
+log = logging.getLogger("bridge.route")
+
+SourceFactory = Callable[[Sink], Source]
+SinkFactory = Callable[[], Sink]
+
+
+@dataclass
+class RouteStats:
+    forwarded: int = 0
+    expired: int = 0
+    poison: int = 0
+    retried: int = 0
+    batches: int = 0
+    state: str = "starting"
+    last_error: str | None = None
+    last_error_at: float | None = None
+    last_activity: float = field(default_factory=time.monotonic)
+
+
+class RouteRunner:
+    """Runs one route's loops until `stop()`; `stats` is what /routes shows."""
+
+    def __init__(
+        self,
+        route: Route,
+        source_factory: SourceFactory,
+        sink_factory: SinkFactory,
+        *,
+        poll_timeout: float = 1.0,
+        stop_on_fatal: bool = False,
+    ) -> None:
+        self.route = route
+        self._source_factory = source_factory
+        self._sink_factory = sink_factory
+        self._poll_timeout = poll_timeout
+        self._stop_on_fatal = stop_on_fatal
+        self._translate = Translator(route)
+        self._stopping = asyncio.Event()
+        self._busy = 0
+        self.stats = RouteStats()
+        self.fatal: BaseException | None = None
+
+    @property
+    def idle_for(self) -> float:
+        """Seconds since any loop last received a message (0 while one is busy)."""
+        return 0.0 if self._busy else time.monotonic() - self.stats.last_activity
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        loops = [
+            asyncio.create_task(self._loop(i), name=f"{self.route.name}#{i}")
+            for i in range(self.route.concurrency)
+        ]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            self._set_state("stopped")
+
+    def _set_state(self, state: str) -> None:
+        if self.stats.state != state:
+            log.info("route %s: %s -> %s", self.route.name, self.stats.state, state)
+            self.stats.state = state
+
+    async def _loop(self, index: int) -> None:
+        sink = self._sink_factory()
+        source = self._source_factory(sink)
+        backoff = Backoff()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._forward_one_batch(source, sink)
+                    backoff.reset()
+                except Exception as exc:  # an untranslated driver error must not kill the route
+                    if not getattr(exc, "retriable", False) and self._stop_on_fatal:
+                        self.fatal = exc
+                        self._set_state("failed")
+                        self.stop()
+                        return
+                    await self._back_off(exc, backoff)
+        finally:
+            await _close(source, sink)
+
+    async def _forward_one_batch(self, source: Source, sink: Sink) -> None:
+        batch = await source.receive_batch(self.route.batch_size, self._poll_timeout)
+        async with batch:
+            if not batch.messages and not batch.poison and not batch.expired:
+                if self.stats.state in ("starting", "backoff"):
+                    self._set_state("running")
+                await batch.commit()
+                return
+            self._busy += 1
+            try:
+                await self._forward(batch, sink)
+            finally:
+                self._busy -= 1
+                self.stats.last_activity = time.monotonic()
+
+    async def _forward(self, batch: ReceivedBatch, sink: Sink) -> None:
+        now = time.time()
+        live: list[Envelope] = []
+        expired = batch.expired
+        for envelope in batch.messages:
+            if envelope.is_expired(now):
+                expired += 1
+            else:
+                live.append(self._translate(envelope))
+        if live or batch.checkpoint:
+            await sink.send(live, batch.checkpoint)
+        await batch.commit()
+        stats = self.stats
+        stats.forwarded += len(live)
+        stats.expired += expired
+        stats.poison += len(batch.poison)
+        stats.batches += 1
+        if stats.state != "running":
+            self._set_state("running")
+
+    async def _back_off(self, exc: Exception, backoff: Backoff) -> None:
+        self.stats.retried += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        self.stats.last_error_at = time.time()
+        delay = backoff.next_delay()
+        if self.stats.state != "backoff":
+            self._set_state("backoff")
+        log.warning(
+            "route %s: %s; retrying in %.2fs", self.route.name, self.stats.last_error, delay
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+
+async def _close(source: Source, sink: Sink) -> None:
+    for closeable in (source, sink):
+        try:
+            await closeable.close()
+        except Exception as exc:  # closing must not hide the reason the loop ended
+            log.debug("close failed: %s", exc)

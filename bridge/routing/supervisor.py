@@ -1,0 +1,109 @@
+"""Runs the routes of a config: one transport per connection, one RouteRunner per route.
+
+SIGTERM/SIGINT: every loop finishes the batch in hand, commits, and the process exits 0.
+`until_idle`: exit 0 once every route has received nothing for that many seconds; a route that
+fails for good in that mode makes the run exit 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+
+from bridge.config.models import BridgeConfig, Route
+from bridge.protocols import CheckpointStore, Sink, Source, Transport
+from bridge.routing.runner import RouteRunner
+from bridge.transports import load
+
+__all__ = ["Supervisor"]
+
+log = logging.getLogger("bridge.supervisor")
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: BridgeConfig,
+        routes: Sequence[str] | None = None,
+        *,
+        until_idle: float | None = None,
+        poll_timeout: float = 1.0,
+    ) -> None:
+        self.config = config
+        self.routes = [r for r in config.routes if not routes or r.name in routes]
+        self.until_idle = until_idle
+        self.poll_timeout = poll_timeout if until_idle is None else min(poll_timeout, until_idle)
+        self.transports: dict[str, Transport] = {}
+        self.runners: list[RouteRunner] = []
+        self._stopping = asyncio.Event()
+
+    def _transport(self, name: str) -> Transport:
+        if name not in self.transports:
+            self.transports[name] = load(name, self.config.connections[name])
+        return self.transports[name]
+
+    def _runner(self, route: Route) -> RouteRunner:
+        source_transport = self._transport(route.from_.connection)
+        sink_transport = self._transport(route.to.connection)
+
+        def sink_factory() -> Sink:
+            return sink_transport.sink(route.to.address, key=route.key)
+
+        def source_factory(sink: Sink) -> Source:
+            # A sink that stores source positions with its rows makes the route exactly-once.
+            store = sink if isinstance(sink, CheckpointStore) else None
+            return source_transport.source(
+                route.from_.address,
+                group=route.from_.group,
+                error_queue=route.error_queue_name,
+                checkpoint_store=store,
+            )
+
+        return RouteRunner(
+            route,
+            source_factory,
+            sink_factory,
+            poll_timeout=self.poll_timeout,
+            stop_on_fatal=self.until_idle is not None,
+        )
+
+    def stop(self) -> None:
+        if not self._stopping.is_set():
+            log.info("stopping: finishing the batches in hand")
+        self._stopping.set()
+        for runner in self.runners:
+            runner.stop()
+
+    async def _watch_idle(self) -> None:
+        assert self.until_idle is not None
+        while not self._stopping.is_set():
+            if all(r.idle_for >= self.until_idle for r in self.runners):
+                log.info("every source idle for %.1fs: stopping", self.until_idle)
+                self.stop()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=min(0.1, self.until_idle))
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            self.runners = [self._runner(route) for route in self.routes]
+            tasks = [asyncio.create_task(r.run(), name=r.route.name) for r in self.runners]
+            if self.until_idle is not None:
+                tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))
+            log.info("running %d route(s)", len(self.runners))
+            await asyncio.gather(*tasks)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            for transport in self.transports.values():
+                await transport.close()
+        failed = [r for r in self.runners if r.fatal is not None]
+        for runner in failed:
+            log.error("route %s failed: %s", runner.route.name, runner.fatal)
+        return 1 if failed else 0
