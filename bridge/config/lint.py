@@ -34,9 +34,7 @@ def _endpoint(
                 at.at(path),
             )
         if role == "from" and not endpoint.group:
-            raise ConfigError(
-                "a Kafka source needs a consumer `group`", at.at((*path, "topic"))
-            )
+            raise ConfigError("a Kafka source needs a consumer `group`", at.at((*path, "topic")))
     else:
         if endpoint.queue is None or endpoint.topic is not None:
             raise ConfigError(

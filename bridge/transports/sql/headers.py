@@ -43,9 +43,7 @@ def decode(text: str | bytes | None) -> Headers:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise HeadersFormatError(f"headers are not valid JSON: {exc}") from exc
     if not isinstance(parsed, list):
-        raise HeadersFormatError(
-            f"headers must be a JSON object, got {type(parsed).__name__}"
-        )
+        raise HeadersFormatError(f"headers must be a JSON object, got {type(parsed).__name__}")
     items: list[tuple[str, str | None]] = []
     for name, value in parsed:
         if value is not None and not isinstance(value, str):
