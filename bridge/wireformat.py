@@ -14,12 +14,15 @@ __all__ = ["format_timespan", "format_timestamp", "parse_timespan", "parse_times
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S:%f Z"
 _TIMESPAN = re.compile(
     r"^(?P<sign>-)?(?:(?P<days>\d+)\.)?(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"
-    r"(?:\.(?P<frac>\d{1,7}))?$"
+    r"(?:\.(?P<frac>\d{1,7}))?$",
+    re.ASCII,  # .NET reads ASCII digits only; \d alone also matches other scripts' digits
 )
 
 
 def format_timestamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime(_TIMESTAMP)
+    utc = moment.astimezone(UTC)
+    # strftime's %Y does not pad years before 1000 to four digits; .NET's yyyy does.
+    return f"{utc.year:04d}-{utc:%m-%d %H:%M:%S}:{utc.microsecond:06d} Z"
 
 
 def parse_timestamp(text: str) -> datetime:
