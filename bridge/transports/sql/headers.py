@@ -23,8 +23,8 @@ def encode(headers: Headers) -> str:
     return _encoder.encode(headers.to_dict()).replace("/", "\\/")
 
 
-def _pairs(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    return pairs
+class JSONObject(list[tuple[str, object]]):
+    """A JSON object as its (name, value) pairs in order, told apart from a JSON array."""
 
 
 def decode(text: str | bytes | None) -> Headers:
@@ -39,10 +39,11 @@ def decode(text: str | bytes | None) -> Headers:
     if text.strip() == "":
         return Headers()
     try:
-        parsed = json.loads(text, object_pairs_hook=_pairs)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        parsed = json.loads(text, object_pairs_hook=JSONObject)
+    # ValueError, not only JSONDecodeError: a number past int_max_str_digits raises it.
+    except (ValueError, RecursionError) as exc:
         raise HeadersFormatError(f"headers are not valid JSON: {exc}") from exc
-    if not isinstance(parsed, list):
+    if not isinstance(parsed, JSONObject):
         raise HeadersFormatError(f"headers must be a JSON object, got {type(parsed).__name__}")
     items: list[tuple[str, str | None]] = []
     for name, value in parsed:
