@@ -1,0 +1,96 @@
+"""`KafkaConnection` (routes.yaml) to the keyword arguments of aiokafka's clients.
+
+Guarantees: the producer always waits for every in-sync replica (`acks="all"`); idempotence
+follows `idempotence` (on by default; the local tansu broker needs it off). Consumers never
+auto-commit (a source commits only what its sink made durable), start from the earliest record
+when their group has no committed offset, and fetch records up to `max_request_size`.
+
+Connection settings are checked here, with one message per mistake, before anything connects:
+SASL needs a mechanism, a user name and a password; credentials or certificate files given for a
+protocol that would not use them are errors rather than silently ignored, and so are
+certificate files that cannot be loaded. Raises `ConfigError`.
+The password only ever goes to aiokafka; it is never part of a message or a log line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka.helpers import create_ssl_context
+
+from bridge.config.models import KafkaConnection
+from bridge.errors import ConfigError
+
+__all__ = ["client_kwargs", "consumer_kwargs", "producer_kwargs", "validate"]
+
+_MIN_FETCH_BYTES = 1_048_576
+
+
+def validate(config: KafkaConnection) -> None:
+    """Raise ConfigError for security settings that contradict each other."""
+    protocol = config.security_protocol
+    sasl = protocol.startswith("SASL_")
+    ssl = protocol.endswith("SSL")
+    if sasl:
+        for field in ("sasl_mechanism", "sasl_username", "sasl_password"):
+            if getattr(config, field) is None:
+                raise ConfigError(f"kafka: security_protocol {protocol} needs {field}")
+    else:
+        for field in ("sasl_mechanism", "sasl_username", "sasl_password"):
+            if getattr(config, field) is not None:
+                raise ConfigError(
+                    f"kafka: {field} is set but security_protocol {protocol} does not use SASL"
+                )
+    if not ssl:
+        for field in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if getattr(config, field) is not None:
+                raise ConfigError(
+                    f"kafka: {field} is set but security_protocol {protocol} does not use SSL"
+                )
+    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
+        raise ConfigError("kafka: ssl_certfile and ssl_keyfile go together")
+
+
+def client_kwargs(config: KafkaConnection) -> dict[str, Any]:
+    """What every aiokafka client (admin included) takes: where the brokers are, how to log in."""
+    validate(config)
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": config.bootstrap_servers,
+        "client_id": config.client_id,
+        "security_protocol": config.security_protocol,
+    }
+    if config.sasl_mechanism is not None:
+        kwargs["sasl_mechanism"] = config.sasl_mechanism
+        kwargs["sasl_plain_username"] = config.sasl_username
+        kwargs["sasl_plain_password"] = config.sasl_password
+    if config.security_protocol.endswith("SSL"):
+        try:
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=config.ssl_cafile, certfile=config.ssl_certfile, keyfile=config.ssl_keyfile
+            )
+        except OSError as exc:  # ssl.SSLError included
+            raise ConfigError(f"kafka: cannot load the SSL certificate files: {exc}") from exc
+    return kwargs
+
+
+def producer_kwargs(config: KafkaConnection) -> dict[str, Any]:
+    return {
+        **client_kwargs(config),
+        "acks": "all",
+        "enable_idempotence": config.idempotence,
+        "compression_type": config.compression_type,
+        "linger_ms": config.linger_ms,
+        "max_batch_size": config.max_batch_size,
+        "max_request_size": config.max_request_size,
+    }
+
+
+def consumer_kwargs(config: KafkaConnection, group: str | None) -> dict[str, Any]:
+    """A consumer in `group` (None: no group, for peeking) that never commits on its own."""
+    return {
+        **client_kwargs(config),
+        "group_id": group,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": max(_MIN_FETCH_BYTES, config.max_request_size),
+    }

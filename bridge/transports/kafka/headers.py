@@ -1,0 +1,173 @@
+"""The Kafka record codec (wire-format §9): `to_record` is the inverse of `from_record`.
+
+Written: record value = body bytes; one record header per NServiceBus header, in order, with
+duplicates kept; values UTF-8; a null header value is a null Kafka header value (not empty).
+The record key is chosen by the route's key spec: `header:NAME` (default
+`header:NServiceBus.MessageId`) is that header's UTF-8 value, `none` (or an absent or null
+header) is no key. An envelope with `expires_at` gets `NServiceBus.TimeToBeReceived` set to its
+*remaining* lifetime and the record timestamp `now`, so a reader's expiry is
+timestamp + TimeToBeReceived. Every record carries `now` as its timestamp.
+
+Read: headers come back in order with duplicates and nulls. `expires_at` is
+timestamp + TimeToBeReceived when that header parses as a TimeSpan (an unparseable one is kept
+as a header and means no expiry). A record without `NServiceBus.MessageId` gets a deterministic
+one, uuid5 of `RECORD_ID_NAMESPACE` and "topic/partition/offset", appended as that header, so a
+redelivered record keeps its id. `native_id` is "topic/partition/offset".
+
+Lossy, on purpose: the record key is not read back (on write it is derived from the headers);
+a null record value (a tombstone) reads as an empty body; a TimeToBeReceived header on an
+envelope without `expires_at` is carried as is, so the reader counts it from the record
+timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `from_record`
+raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
+`poison_from_record`); a header that cannot be encoded as UTF-8 (a lone surrogate) raises
+`HeadersFormatError` from `to_record`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import NamedTuple
+
+from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
+from bridge.errors import ConfigError, HeadersFormatError
+from bridge.wireformat import format_timespan, parse_timespan
+
+__all__ = [
+    "DEFAULT_KEY",
+    "RECORD_ID_NAMESPACE",
+    "Record",
+    "RecordHeaders",
+    "from_record",
+    "key_header",
+    "native_id",
+    "poison_from_record",
+    "record_message_id",
+    "to_record",
+]
+
+DEFAULT_KEY = f"header:{MESSAGE_ID}"
+
+#: Fixed forever: changing it changes the id of every record that arrived without one.
+RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
+
+RecordHeaders = Sequence[tuple[str, bytes | None]]
+
+
+class Record(NamedTuple):
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+
+
+def key_header(key_spec: str) -> str | None:
+    """The header a key spec takes the record key from: `header:NAME` -> NAME, `none` -> None."""
+    if key_spec == "none":
+        return None
+    name = key_spec.removeprefix("header:")
+    if name == key_spec or not name:
+        raise ConfigError(f"kafka: key must be `header:NAME` or `none`, got {key_spec!r}")
+    return name
+
+
+def native_id(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{partition}/{offset}"
+
+
+def record_message_id(topic: str, partition: int, offset: int) -> str:
+    """The id a record without `NServiceBus.MessageId` gets: the same on every redelivery."""
+    return str(uuid.uuid5(RECORD_ID_NAMESPACE, native_id(topic, partition, offset)))
+
+
+def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
+    """Lay `envelope` out as a Kafka record written at `now` (epoch seconds)."""
+    timestamp_ms = int(now * 1000)
+    headers = envelope.headers
+    if envelope.expires_at is not None:
+        remaining = max(0.0, envelope.expires_at - timestamp_ms / 1000)
+        headers = headers.copy()
+        headers.set(TIME_TO_BE_RECEIVED, format_timespan(timedelta(seconds=remaining)))
+    try:
+        encoded = [(name, None if value is None else value.encode()) for name, value in headers]
+        key_name = key_header(key_spec)
+        key_value = None if key_name is None else headers.get(key_name)
+        key = None if key_value is None else key_value.encode()
+    except UnicodeEncodeError as exc:
+        raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
+    return Record(key, envelope.body, encoded, timestamp_ms)
+
+
+def from_record(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: RecordHeaders,
+    timestamp_ms: int,
+) -> Envelope:
+    """The envelope a record carries; raise HeadersFormatError when a header is not UTF-8."""
+    where = native_id(topic, partition, offset)
+    items: list[tuple[str, str | None]] = []
+    for name, raw in headers:
+        if raw is None:
+            items.append((name, None))
+            continue
+        try:
+            items.append((name, raw.decode()))
+        except UnicodeDecodeError as exc:
+            reason = f"header {name!r} of record {where} is not UTF-8: {exc}"
+            raise HeadersFormatError(reason) from exc
+    decoded = Headers(items)
+    if MESSAGE_ID not in decoded:
+        decoded.add(MESSAGE_ID, record_message_id(topic, partition, offset))
+    return Envelope(
+        headers=decoded,
+        body=value or b"",
+        expires_at=_expires_at(decoded.get(TIME_TO_BE_RECEIVED), timestamp_ms),
+        native_id=where,
+    )
+
+
+def _expires_at(ttbr: str | None, timestamp_ms: int) -> float | None:
+    if ttbr is None or timestamp_ms < 0:
+        return None
+    try:
+        lifetime = parse_timespan(ttbr)
+    except ValueError:
+        return None
+    return timestamp_ms / 1000 + lifetime.total_seconds()
+
+
+def poison_from_record(
+    topic: str,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    headers: RecordHeaders,
+    error: HeadersFormatError,
+) -> PoisonMessage:
+    """A record `from_record` refused, kept for the error queue.
+
+    `raw_headers` is lossless: a JSON array of [name, value] pairs in record order, undecodable
+    bytes written as the surrogate escapes of Python's `surrogateescape` (`\\udcff` for 0xff),
+    null as null. `headers` is readable but lossy: undecodable bytes become U+FFFD; it gets the
+    deterministic `NServiceBus.MessageId` like any record without one.
+    """
+    raw = [[name, None if v is None else v.decode(errors="surrogateescape")] for name, v in headers]
+    readable = Headers(
+        (name, None if v is None else v.decode(errors="replace")) for name, v in headers
+    )
+    if MESSAGE_ID not in readable:
+        readable.add(MESSAGE_ID, record_message_id(topic, partition, offset))
+    return PoisonMessage(
+        raw_headers=json.dumps(raw),
+        body=value or b"",
+        reason=str(error),
+        exception_type=type(error).__name__,
+        native_id=native_id(topic, partition, offset),
+        headers=readable,
+    )
