@@ -28,6 +28,7 @@ from bridge.envelope import Envelope
 from bridge.protocols import ReceivedBatch, Sink, Source
 from bridge.routing.retry import Backoff
 from bridge.routing.translate import Translator
+from bridge.telemetry.metrics import Metrics, RouteMetrics
 
 __all__ = ["RouteRunner", "RouteStats"]
 
@@ -61,6 +62,7 @@ class RouteRunner:
         *,
         poll_timeout: float = 1.0,
         stop_on_fatal: bool = False,
+        metrics: RouteMetrics | None = None,
     ) -> None:
         self.route = route
         self._source_factory = source_factory
@@ -71,6 +73,7 @@ class RouteRunner:
         self._stopping = asyncio.Event()
         self._busy = 0
         self.stats = RouteStats()
+        self.metrics = metrics or Metrics().for_route(route.name)
         self.fatal: BaseException | None = None
 
     @property
@@ -127,9 +130,13 @@ class RouteRunner:
                 await batch.commit()
                 return
             self._busy += 1
+            count = len(batch.messages) + len(batch.poison)
+            started = time.perf_counter()
+            self.metrics.received(count)
             try:
                 await self._forward(batch, sink)
             finally:
+                self.metrics.settled(count, started)
                 self._busy -= 1
                 self.stats.last_activity = time.monotonic()
 
@@ -150,11 +157,13 @@ class RouteRunner:
         stats.expired += expired
         stats.poison += len(batch.poison)
         stats.batches += 1
+        self.metrics.forwarded(live, expired, len(batch.poison))
         if stats.state != "running":
             self._set_state("running")
 
     async def _back_off(self, exc: Exception, backoff: Backoff) -> None:
         self.stats.retried += 1
+        self.metrics.retried()
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
         self.stats.last_error_at = time.time()
         delay = backoff.next_delay()

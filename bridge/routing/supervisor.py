@@ -15,7 +15,9 @@ from collections.abc import Sequence
 
 from bridge.config.models import BridgeConfig, Route
 from bridge.protocols import CheckpointStore, Sink, Source, Transport
+from bridge.routing.health import HealthServer
 from bridge.routing.runner import RouteRunner
+from bridge.telemetry.metrics import Metrics
 from bridge.transports import load
 
 __all__ = ["Supervisor"]
@@ -38,6 +40,8 @@ class Supervisor:
         self.poll_timeout = poll_timeout if until_idle is None else min(poll_timeout, until_idle)
         self.transports: dict[str, Transport] = {}
         self.runners: list[RouteRunner] = []
+        self.metrics = Metrics.setup()
+        self.http: HealthServer | None = None
         self._stopping = asyncio.Event()
 
     def _transport(self, name: str) -> Transport:
@@ -68,6 +72,7 @@ class Supervisor:
             sink_factory,
             poll_timeout=self.poll_timeout,
             stop_on_fatal=self.until_idle is not None,
+            metrics=self.metrics.for_route(route.name),
         )
 
     def stop(self) -> None:
@@ -87,18 +92,41 @@ class Supervisor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=min(0.1, self.until_idle))
 
+    async def _watch_depths(self, every: float = 15.0) -> None:
+        """Peek each route's source now and then for the depth gauge; failures only log."""
+        while not self._stopping.is_set():
+            for runner in self.runners:
+                route = runner.route
+                try:
+                    stats = await self._transport(route.from_.connection).peek(route.from_.address)
+                    self.metrics.set_depth(route.name, stats.depth)
+                except Exception as exc:  # a failed peek must never disturb the routes
+                    log.debug("depth of %s unavailable: %s", route.name, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=every)
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         try:
             self.runners = [self._runner(route) for route in self.routes]
+            if self.config.http is not None:
+                self.http = HealthServer(
+                    self.config.http.host, self.config.http.port, lambda: self.runners
+                ).start()
+                log.info("serving /healthz /readyz /metrics /routes on port %d", self.http.port)
             tasks = [asyncio.create_task(r.run(), name=r.route.name) for r in self.runners]
+            depths = asyncio.create_task(self._watch_depths(), name="depths")
             if self.until_idle is not None:
                 tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))
             log.info("running %d route(s)", len(self.runners))
             await asyncio.gather(*tasks)
+            self._stopping.set()
+            await depths
         finally:
+            if self.http is not None:
+                self.http.stop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             for transport in self.transports.values():

@@ -1,0 +1,105 @@
+"""The service's HTTP face: /healthz, /readyz, /metrics, /routes.
+
+Served by the standard library's threading HTTP server on a daemon thread, reading route state
+that the event loop writes (plain attribute reads; no locks needed for a status page).
+
+- `/healthz`: 200 while the process runs.
+- `/readyz`: 200 when every route is running (connected, not in backoff), else 503 with why.
+- `/metrics`: Prometheus text from the prometheus_client registry the OpenTelemetry reader feeds.
+- `/routes`: JSON with each route's state, counters and last error.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from bridge.routing.runner import RouteRunner
+from bridge.telemetry.redact import redactor
+
+__all__ = ["HealthServer", "route_report"]
+
+
+def route_report(runners: Sequence[RouteRunner]) -> list[dict[str, Any]]:
+    out = []
+    for runner in runners:
+        stats = asdict(runner.stats)
+        stats.pop("last_activity")
+        if stats["last_error"]:
+            stats["last_error"] = redactor(stats["last_error"])
+        route = runner.route
+        out.append(
+            {
+                "name": route.name,
+                "from": {"connection": route.from_.connection, "address": route.from_.address},
+                "to": {"connection": route.to.connection, "address": route.to.address},
+                "concurrency": route.concurrency,
+                "batch_size": route.batch_size,
+                "idle_seconds": round(runner.idle_for, 3),
+                **stats,
+            }
+        )
+    return out
+
+
+class HealthServer:
+    def __init__(self, host: str, port: int, runners: Callable[[], Sequence[RouteRunner]]) -> None:
+        self._runners = runners
+        handler = self._handler()
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        runners = self._runners
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return None  # probes every few seconds are not worth a log line
+
+            def _reply(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json(self, status: int, data: object) -> None:
+                self._reply(status, json.dumps(data).encode(), "application/json")
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    self._json(200, {"status": "ok"})
+                elif path == "/readyz":
+                    waiting = [
+                        {"route": r.route.name, "state": r.stats.state}
+                        for r in runners()
+                        if r.stats.state != "running"
+                    ]
+                    self._json(
+                        503 if waiting else 200, {"ready": not waiting, "not_ready": waiting}
+                    )
+                elif path == "/routes":
+                    self._json(200, {"routes": route_report(runners())})
+                elif path == "/metrics":
+                    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+                    self._reply(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                else:
+                    self._json(404, {"error": f"no such path {path}"})
+
+        return Handler
