@@ -4,20 +4,32 @@ A transport passes two coroutine functions, `on_commit` and `on_abort`, which kn
 delivery tags or open transaction; nothing of those leaks to the runner. Leaving the
 `async with` block without `commit()` aborts; settling twice raises `SettleError` (kombu's
 `MessageStateError`).
+
+`reject(envelope, error)` marks a message the destination refused for good; the transport's
+`on_commit` moves every rejected message to its error queue (inside the same transaction where
+it has one) before it removes the batch from the source. It reads them from `rejected`, a list
+it may share with the batch by passing it in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import SettleError
 from bridge.protocols import Checkpoint
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "Rejected"]
 
 Settle = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    envelope: Envelope
+    error: BaseException
 
 
 async def _nothing() -> None:
@@ -34,6 +46,7 @@ class Batch:
         checkpoint: Checkpoint | None = None,
         on_commit: Settle = _nothing,
         on_abort: Settle = _nothing,
+        rejected: list[Rejected] | None = None,
     ) -> None:
         self.messages = messages
         self.poison = poison
@@ -41,6 +54,7 @@ class Batch:
         self.checkpoint = checkpoint
         self._on_commit = on_commit
         self._on_abort = on_abort
+        self.rejected: list[Rejected] = [] if rejected is None else rejected
         self.settled: str | None = None
 
     def __len__(self) -> int:
@@ -50,6 +64,12 @@ class Batch:
         if self.settled is not None:
             raise SettleError(f"batch already {self.settled}; cannot {verb} it")
         self.settled = outcome
+
+    def reject(self, envelope: Envelope, error: BaseException) -> None:
+        """Send `envelope` to the error queue, not the destination, when the batch commits."""
+        if self.settled is not None:
+            raise SettleError(f"batch already {self.settled}; cannot reject from it")
+        self.rejected.append(Rejected(envelope, error))
 
     async def commit(self) -> None:
         self._settle("commit", "committed")

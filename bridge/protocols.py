@@ -11,6 +11,9 @@ ReceivedBatch
     `expired` (how many expired messages the receive dropped: they leave with the commit).
     `checkpoint` is an opaque source position (Kafka offsets) that a sink supporting
     transactional checkpoints stores with the rows. Settling twice raises `SettleError`.
+    `reject(envelope, error)` marks a message refused for good: at commit the source moves it
+    to its error queue (see bridge/deadletter.py for the copy), in the same transaction where
+    the source has one.
 
 Sink
     `send(envelopes, checkpoint)` returns only once the destination has durably accepted every
@@ -46,6 +49,8 @@ class ReceivedBatch(Protocol):
     poison: Sequence[PoisonMessage]
     expired: int
     checkpoint: Checkpoint | None
+
+    def reject(self, envelope: Envelope, error: BaseException) -> None: ...
 
     async def commit(self) -> None: ...
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from bridge.config.models import Route
 from bridge.envelope import Envelope
+from bridge.errors import MessageRejected
 from bridge.protocols import ReceivedBatch, Sink, Source
 from bridge.routing.retry import Backoff
 from bridge.routing.translate import Translator
@@ -142,24 +143,62 @@ class RouteRunner:
 
     async def _forward(self, batch: ReceivedBatch, sink: Sink) -> None:
         now = time.time()
-        live: list[Envelope] = []
+        originals: list[Envelope] = []
         expired = batch.expired
         for envelope in batch.messages:
             if envelope.is_expired(now):
                 expired += 1
             else:
-                live.append(self._translate(envelope))
-        if live or batch.checkpoint:
-            await sink.send(live, batch.checkpoint)
+                originals.append(envelope)
+        live = await self._send(batch, sink, originals)
         await batch.commit()
+        failed = len(batch.poison) + len(originals) - len(live)
         stats = self.stats
         stats.forwarded += len(live)
         stats.expired += expired
-        stats.poison += len(batch.poison)
+        stats.poison += failed
         stats.batches += 1
-        self.metrics.forwarded(live, expired, len(batch.poison))
+        self.metrics.forwarded(live, expired, failed)
         if stats.state != "running":
             self._set_state("running")
+
+    async def _send(
+        self, batch: ReceivedBatch, sink: Sink, originals: list[Envelope]
+    ) -> list[Envelope]:
+        """Send the batch; a message refused for good is rejected and the rest sent again.
+
+        Returns what the destination accepted. When the sink cannot say which message it
+        refused, each is sent alone to find out.
+        """
+        pairs = [(original, self._translate(original)) for original in originals]
+        while True:
+            try:
+                if pairs or batch.checkpoint:
+                    await sink.send([out for _, out in pairs], batch.checkpoint)
+                return [out for _, out in pairs]
+            except MessageRejected as exc:
+                if exc.index is not None and 0 <= exc.index < len(pairs):
+                    batch.reject(pairs.pop(exc.index)[0], exc)
+                    continue
+                if len(pairs) <= 1:
+                    if pairs:
+                        batch.reject(pairs.pop()[0], exc)
+                    continue
+            return await self._send_one_by_one(batch, sink, pairs)
+
+    async def _send_one_by_one(
+        self, batch: ReceivedBatch, sink: Sink, pairs: list[tuple[Envelope, Envelope]]
+    ) -> list[Envelope]:
+        accepted = []
+        for original, out in pairs:
+            try:
+                await sink.send([out])
+                accepted.append(out)
+            except MessageRejected as exc:
+                batch.reject(original, exc)
+        if batch.checkpoint:
+            await sink.send([], batch.checkpoint)
+        return accepted
 
     async def _back_off(self, exc: Exception, backoff: Backoff) -> None:
         self.stats.retried += 1

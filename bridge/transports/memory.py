@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bridge.batch import Batch
+from bridge.batch import Batch, Rejected
+from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
 from bridge.protocols import Checkpoint, CheckpointStore
@@ -71,11 +72,13 @@ class MemorySource:
                 except TimeoutError:
                     return Batch()
             taken = [queue.popleft() for _ in range(min(max_messages, len(queue)))]
+        rejected: list[Rejected] = []
 
         async def commit() -> None:
             if self._error_queue:
                 dead = self._broker.queue(self._error_queue)
                 dead.extend(item for item in taken if isinstance(item, PoisonMessage))
+                dead.extend(error_copy(r.envelope, r.error, self._address) for r in rejected)
                 async with changed:
                     changed.notify_all()
 
@@ -89,6 +92,7 @@ class MemorySource:
             poison=[item for item in taken if isinstance(item, PoisonMessage)],
             on_commit=commit,
             on_abort=abort,
+            rejected=rejected,
         )
 
     async def close(self) -> None:

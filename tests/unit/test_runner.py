@@ -6,9 +6,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+import pytest
+
 from bridge.config.models import Route
 from bridge.envelope import Envelope, Headers
-from bridge.errors import TransportError, TransportUnavailable
+from bridge.errors import MessageRejected, TransportError, TransportUnavailable
 from bridge.protocols import Checkpoint, Sink, Source
 from bridge.routing.runner import RouteRunner
 from bridge.transports.memory import Broker, MemorySink, Transport
@@ -191,3 +193,42 @@ async def test_checkpoint_travels_with_the_batch() -> None:
     await sink.send([message(1)], {"g/t/0": 5})
     assert await sink.load_checkpoint("g/t/") == {"g/t/0": 5}
     assert isinstance(sink, MemorySink)
+
+
+class RejectingSink:
+    """Refuses for good every message whose body is in `refused`, like a too-large record."""
+
+    def __init__(self, inner: Sink, refused: set[bytes], say_which: bool) -> None:
+        self.inner, self.refused, self.say_which = inner, refused, say_which
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        for i, envelope in enumerate(envelopes):
+            if envelope.body in self.refused:
+                raise MessageRejected("record too large", i if self.say_which else None)
+        await self.inner.send(envelopes, checkpoint)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("say_which", [True, False])
+async def test_refused_messages_go_to_the_error_queue_and_the_rest_goes_on(say_which: bool) -> None:
+    transport = Transport(broker=Broker())
+    route = make_route(error_queue=unique("error"), batch_size=10)
+    await transport.sink(route.from_.address).send([message(i) for i in range(10)])
+    sink = RejectingSink(transport.sink(route.to.address), {b"body-3", b"body-7"}, say_which)
+    runner = runner_for(route, transport, sink)
+    dst = transport.broker.queue(route.to.address)
+    await run_until(runner, lambda: len(dst) == 8)
+    dead = list(transport.broker.queue(route.error_queue_name))
+    assert [d.body for d in dead] == [b"body-3", b"body-7"]
+    headers = dead[0].headers
+    assert headers.get("NServiceBus.MessageId") == "id-3"
+    assert headers.get("NServiceBus.FailedQ") == route.from_.address
+    assert headers.get("NServiceBus.ExceptionInfo.ExceptionType") == "bridge.errors.MessageRejected"
+    assert headers.get("NServiceBus.ExceptionInfo.Message") == "record too large"
+    assert "NServiceBus.TimeOfFailure" in headers and "NServiceBus.ProcessingEndpoint" in headers
+    assert not transport.broker.queue(route.from_.address)
+    assert runner.stats.poison == 2 and runner.stats.forwarded == 8
