@@ -26,7 +26,8 @@ from bridge.config.models import BridgeConfig
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import BridgeError, ConfigError
 from bridge.protocols import Transport
-from bridge.telemetry.redact import install_log_filter, redactor
+from bridge.telemetry.logs import setup_logging
+from bridge.telemetry.redact import redactor
 from bridge.transports import load
 from bridge.wireformat import format_timespan, format_timestamp, parse_timespan
 
@@ -52,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--log-level", default=os.environ.get("BRIDGE_LOG_LEVEL", "INFO"), help="log level"
+    )
+    common.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=os.environ.get("BRIDGE_LOG_FORMAT", "text"),
+        help="text for people, json for log collectors (env BRIDGE_LOG_FORMAT)",
     )
     parser = _Parser(prog="bridge", description="Bridge NServiceBus SQL queues, Kafka, RabbitMQ.")
     parser.add_argument("--version", action="version", version=f"bridge {__version__}")
@@ -265,11 +272,14 @@ async def _peek(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     from bridge.routing.supervisor import Supervisor
+    from bridge.telemetry.tracing import setup_tracing
 
     config = _load(args).config
     unknown = [name for name in args.route if name not in {r.name for r in config.routes}]
     if unknown:
         raise UsageError(f"no route named {unknown[0]!r} in {args.config}")
+    if setup_tracing():
+        log.info("exporting traces over OTLP")
     supervisor = Supervisor(config, routes=args.route or None, until_idle=args.until_idle)
     return await supervisor.run()
 
@@ -291,12 +301,11 @@ _COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    install_log_filter()
+    try:
+        setup_logging(args.log_level, args.log_format)
+    except ValueError:
+        print(f"bridge: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_COMMANDS[args.command](args))
     except ConfigError as exc:

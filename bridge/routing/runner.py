@@ -30,6 +30,7 @@ from bridge.protocols import ReceivedBatch, Sink, Source
 from bridge.routing.retry import Backoff
 from bridge.routing.translate import Translator
 from bridge.telemetry.metrics import Metrics, RouteMetrics
+from bridge.telemetry.tracing import RouteTracing
 
 __all__ = ["RouteRunner", "RouteStats"]
 
@@ -64,6 +65,7 @@ class RouteRunner:
         poll_timeout: float = 1.0,
         stop_on_fatal: bool = False,
         metrics: RouteMetrics | None = None,
+        tracing: RouteTracing | None = None,
     ) -> None:
         self.route = route
         self._source_factory = source_factory
@@ -75,6 +77,7 @@ class RouteRunner:
         self._busy = 0
         self.stats = RouteStats()
         self.metrics = metrics or Metrics().for_route(route.name)
+        self.tracing = tracing or RouteTracing(route)
         self.fatal: BaseException | None = None
 
     @property
@@ -150,8 +153,9 @@ class RouteRunner:
                 expired += 1
             else:
                 originals.append(envelope)
-        live = await self._send(batch, sink, originals)
-        await batch.commit()
+        with self.tracing.batch(originals):
+            live = await self._send(batch, sink, originals)
+            await batch.commit()
         failed = len(batch.poison) + len(originals) - len(live)
         stats = self.stats
         stats.forwarded += len(live)
@@ -170,7 +174,8 @@ class RouteRunner:
         Returns what the destination accepted. When the sink cannot say which message it
         refused, each is sent alone to find out.
         """
-        pairs = [(original, self._translate(original)) for original in originals]
+        forward = self.tracing.forward
+        pairs = [(original, forward(self._translate(original))) for original in originals]
         while True:
             try:
                 if pairs or batch.checkpoint:

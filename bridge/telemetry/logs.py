@@ -1,0 +1,52 @@
+"""Logging set-up: plain text for people, one JSON object per line for collectors.
+
+Route state changes and errors are logged; single messages never are at INFO. Every record
+passes the redactor first, so secrets never reach a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+from bridge.telemetry.redact import install_log_filter
+
+__all__ = ["JsonFormatter", "setup_logging"]
+
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                data[key] = value
+        if record.exc_text:
+            data["exception"] = record.exc_text
+        elif record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for noisy in ("aiokafka", "kafka", "pika", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    install_log_filter(root)
