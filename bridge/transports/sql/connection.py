@@ -1,0 +1,95 @@
+"""One database connection driven from its own single worker thread.
+
+Every blocking driver call of a source, sink or transport goes through `Connection.run`, which
+executes it on that connection's one thread. So sqlite3 and pyodbc always see the thread that
+opened them, calls on one connection never overlap, and a transaction can stay open across
+awaits (a received batch keeps its rows locked until it is settled).
+
+The connection is opened on first use. When a call fails, its transaction is rolled back; when
+the rollback fails too, or the driver says the connection broke, the connection is dropped and
+the next call opens a new one. Driver exceptions leave as bridge errors
+(`bridge.transports.sql.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from bridge.errors import BridgeError, TransportError
+from bridge.transports.sql.dialect import DbConnection, Dialect
+
+__all__ = ["Connection"]
+
+T = TypeVar("T")
+
+
+class Connection:
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"bridge-{dialect.kind}-{dialect.connection_name}"
+        )
+        self._db: DbConnection | None = None
+        self._closed = False
+
+    async def run(self, work: Callable[[DbConnection], T]) -> T:
+        """Run `work(db)` on this connection's thread; driver errors come out translated."""
+        if self._closed:
+            raise TransportError(f"{self._dialect.describe()}: used after close()")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, work)
+
+    def rollback_later(self) -> None:
+        """Queue a rollback behind whatever the thread is doing (a cancelled receive's rows)."""
+        if not self._closed:
+            self._executor.submit(self._roll_back_or_drop)
+
+    async def close(self) -> None:
+        """Roll back anything still open and close; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._drop)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    def _call(self, work: Callable[[DbConnection], T]) -> T:
+        try:
+            if self._db is None:
+                self._db = self._dialect.connect()
+            return work(self._db)
+        except BridgeError:
+            self._roll_back_or_drop()
+            raise
+        except Exception as exc:
+            self._roll_back_or_drop()
+            error = self._dialect.translate(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    def _roll_back_or_drop(self) -> None:
+        db = self._db
+        if db is None:
+            return
+        try:
+            db.rollback()
+        except Exception:  # the connection is gone; the server rolls back on its own
+            self._drop()
+            return
+        if not self._dialect.alive(db):
+            self._drop()
+
+    def _drop(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.rollback()
+            with contextlib.suppress(Exception):
+                db.close()

@@ -1,0 +1,153 @@
+"""The NServiceBus queue-table layout: which statements exist, and rows <-> envelopes.
+
+A layout says what a queue table holds and how a row becomes an `Envelope` (wire-format §1-§3);
+a dialect (`bridge.transports.sql.dialect`) renders the layout's statements in its own SQL.
+
+Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` in this order):
+    id       fresh uuid4 as text: the native id, never the logical message id
+    ttl_ms   remaining lifetime in whole milliseconds, or None for "never expires";
+             the database turns it into `Expires` with its own clock
+    headers  the Headers column text (`bridge.transports.sql.headers.encode`)
+    body     raw bytes, never None (an empty body is b"")
+
+Row returned by a receive (`QueueRow`, the result columns of `QueueStatements.receive`):
+    id, expired flag (0/1, by the database clock), headers, body, remaining ms (database clock,
+    None when the row never expires) and, where the database returns rows in no defined order,
+    a sixth column holding the FIFO sequence number to sort by.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.envelope import Envelope, PoisonMessage
+from bridge.errors import HeadersFormatError
+from bridge.transports.sql import headers as headers_codec
+
+__all__ = [
+    "CheckpointStatements",
+    "OutgoingRow",
+    "QueueRow",
+    "QueueStatements",
+    "incoming",
+    "outgoing",
+    "poison_copy",
+    "received_rows",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatements:
+    """Every statement run against one queue table, already holding its quoted name.
+
+    create         DDL, idempotent, run in order by `install`
+    send           params (id, ttl_ms, headers, body); also moves poison rows to an error queue
+    receive        params (max_rows,); deletes up to max_rows oldest rows, returns `QueueRow`s
+    depth          -> one row, one int: messages waiting (an estimate where the layout says so)
+    oldest         -> at most one row: the Headers column of the oldest row
+    expired        -> one row, one int: rows whose Expires is past
+    purge_expired  params (batch_size,): delete up to batch_size expired rows
+    """
+
+    create: tuple[str, ...]
+    send: str
+    receive: str
+    depth: str
+    oldest: str
+    expired: str
+    purge_expired: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointStatements:
+    """The `BridgeCheckpoints (name, position)` table: source positions stored with rows.
+
+    create  DDL, idempotent;  upsert  params (name, position);  load  -> rows (name, position)
+    """
+
+    table: str
+    create: tuple[str, ...]
+    upsert: str
+    load: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRow:
+    id: str
+    ttl_ms: int | None
+    headers: str | bytes
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    native_id: str
+    expired: bool
+    headers: str | bytes | None
+    body: bytes
+    remaining_ms: int | None
+
+
+def outgoing(envelope: Envelope, now: float) -> OutgoingRow:
+    """The row an NServiceBus endpoint would write for `envelope` at wall-clock time `now`.
+
+    A lifetime already spent is written as 0 ms: the row expires at once and the receiver drops
+    it, as it would have dropped the message itself.
+    """
+    remaining = envelope.ttl_remaining(now)
+    ttl_ms = None if remaining is None else max(0, math.ceil(remaining * 1000))
+    return OutgoingRow(
+        str(uuid.uuid4()), ttl_ms, headers_codec.encode(envelope.headers), bytes(envelope.body)
+    )
+
+
+def poison_copy(poison: PoisonMessage) -> OutgoingRow:
+    """The row that moves a poison message to an error queue: raw headers and body unchanged."""
+    raw = poison.raw_headers if poison.raw_headers is not None else ""
+    return OutgoingRow(str(uuid.uuid4()), None, raw, poison.body)
+
+
+def received_rows(rows: Sequence[Sequence[Any]]) -> list[QueueRow]:
+    """Result rows of `receive` in FIFO order (by the sixth column where there is one)."""
+    if rows and len(rows[0]) > 5:
+        rows = sorted(rows, key=lambda row: int(row[5]))
+    return [
+        QueueRow(
+            native_id=str(row[0]),
+            expired=bool(row[1]),
+            headers=row[2],
+            body=_as_bytes(row[3]),
+            remaining_ms=None if row[4] is None else int(row[4]),
+        )
+        for row in rows
+    ]
+
+
+def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
+    """The envelope of a live row, or a poison message when its headers cannot be read."""
+    try:
+        headers = headers_codec.decode(row.headers)
+    except HeadersFormatError as exc:
+        return PoisonMessage(
+            raw_headers=row.headers,
+            body=row.body,
+            reason=str(exc),
+            exception_type=type(exc).__name__,
+            native_id=row.native_id,
+        )
+    expires_at = None if row.remaining_ms is None else now + row.remaining_ms / 1000
+    return Envelope(headers, row.body, expires_at=expires_at, native_id=row.native_id)
+
+
+def _as_bytes(value: object) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str):  # SQLite keeps whatever type a foreign writer stored
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"unexpected Body column value of type {type(value).__name__}")

@@ -1,0 +1,374 @@
+"""The SQL queue-table transport, shared by every dialect: sources, sinks, install, peek.
+
+Guarantees
+    A receive deletes up to `max_messages` of the oldest rows in one transaction and keeps it
+    open until the batch is settled: `commit()` commits, `abort()` (or leaving the block, a
+    crash, a lost connection) rolls back and every row is back where it was. Concurrent
+    receivers never get the same row. A send inserts the whole list in one transaction and
+    returns only after COMMIT; with a checkpoint, the source positions are upserted into
+    `BridgeCheckpoints` in that same transaction (Kafka -> SQL exactly-once).
+
+Expiry and poison
+    Expired rows (by the database clock) are deleted with the batch and only counted in
+    `Batch.expired`. A row whose Headers cannot be read becomes a `PoisonMessage` (raw Headers,
+    body) without holding up the rows behind it; with `error_queue` the source inserts it,
+    unchanged but for a fresh Id, into that table in the same transaction, right before COMMIT.
+    Poison messages are listed in `Batch.poison` either way.
+
+Polling
+    With no rows waiting, a receive polls with a backoff from 10 ms to 250 ms until its timeout
+    and returns an empty batch without a transaction open.
+
+Each source and sink owns one connection, driven from its own thread
+(`bridge.transports.sql.connection`); the transport keeps one more for install/check/peek.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+from bridge.batch import Batch
+from bridge.envelope import Envelope, PoisonMessage
+from bridge.errors import HeadersFormatError, SettleError, TransportError
+from bridge.protocols import Checkpoint, CheckpointStore
+from bridge.transports.sql import headers as headers_codec
+from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect
+from bridge.transports.sql.layout import incoming, outgoing, poison_copy, received_rows
+from bridge.wireformat import parse_timestamp
+
+__all__ = ["QueueDepth", "SqlSink", "SqlSource", "SqlTransport"]
+
+MIN_POLL = 0.01
+MAX_POLL = 0.25
+TIME_SENT = "NServiceBus.TimeSent"
+
+T = TypeVar("T")
+
+
+@dataclass
+class QueueDepth:
+    """`peek`: rows waiting, age of the oldest (from its TimeSent header), expired rows."""
+
+    depth: int
+    oldest_age_seconds: float | None
+    expired: int
+
+
+@dataclass
+class _Taken:
+    messages: list[Envelope]
+    poison: list[PoisonMessage]
+    expired: int
+
+
+class SqlSource:
+    """Destructive batched receive from one queue table; see the module docstring."""
+
+    def __init__(self, dialect: Dialect, address: str, error_queue: str | None = None) -> None:
+        self._dialect = dialect
+        self._address = address
+        self._statements = dialect.queue_statements(address)
+        self._error_queue = error_queue
+        if error_queue is not None:
+            dialect.table(error_queue)  # an impossible name fails now, not at the first poison
+        self._connection = Connection(dialect)
+        self._holding = False
+
+    async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        if self._holding:
+            raise SettleError("receive_batch called before the previous batch was settled")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        delay = MIN_POLL
+        while True:
+            taken = await self._take(max_messages)
+            if taken is not None:
+                return self._batch(taken)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Batch()
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, MAX_POLL)
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    async def _take(self, max_messages: int) -> _Taken | None:
+        try:
+            return await self._connection.run(partial(self._delete_oldest, max_messages))
+        except asyncio.CancelledError:
+            # The thread may have deleted rows nobody will settle: give them back.
+            self._connection.rollback_later()
+            raise
+
+    def _delete_oldest(self, max_messages: int, db: DbConnection) -> _Taken | None:
+        self._dialect.begin(db)
+        cursor = db.cursor()
+        cursor.execute(self._statements.receive, (max_messages,))
+        rows = received_rows(self._dialect.fetch(cursor))
+        if not rows:
+            db.rollback()
+            return None
+        now = time.time()
+        taken = _Taken([], [], 0)
+        for row in rows:
+            if row.expired:
+                taken.expired += 1
+                continue
+            message = incoming(row, now)
+            if isinstance(message, PoisonMessage):
+                taken.poison.append(message)
+            else:
+                taken.messages.append(message)
+        return taken
+
+    def _batch(self, taken: _Taken) -> Batch:
+        self._holding = True
+
+        async def commit() -> None:
+            try:
+                await self._connection.run(partial(self._commit, taken.poison))
+            finally:
+                self._holding = False
+
+        async def abort() -> None:
+            try:
+                await self._connection.run(_roll_back)
+            finally:
+                self._holding = False
+
+        return Batch(
+            taken.messages,
+            poison=taken.poison,
+            expired=taken.expired,
+            on_commit=commit,
+            on_abort=abort,
+        )
+
+    def _commit(self, poison: Sequence[PoisonMessage], db: DbConnection) -> None:
+        if poison and self._error_queue is not None:
+            statement = self._dialect.send_statement(db, self._error_queue)
+            rows = [self._dialect.send_params(poison_copy(p)) for p in poison]
+            db.cursor().executemany(statement, rows)
+        db.commit()
+
+
+class SqlSink:
+    """Inserts envelopes as an NServiceBus endpoint would; one transaction per `send`."""
+
+    def __init__(self, dialect: Dialect, address: str) -> None:
+        self._dialect = dialect
+        self._address = address
+        dialect.table(address)
+        self._checkpoints = dialect.checkpoint_statements()
+        self._checkpoint_table_ready = False
+        self._connection = Connection(dialect)
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        if not envelopes and not checkpoint:
+            return
+        positions = list((checkpoint or {}).items())
+        await self._connection.run(partial(self._insert, list(envelopes), positions))
+
+    async def load_checkpoint(self, prefix: str) -> dict[str, int]:
+        """Stored positions whose names start with `prefix` (empty before the first one)."""
+        return await self._connection.run(partial(self._load_checkpoint, prefix))
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    def _insert(
+        self, envelopes: list[Envelope], positions: list[tuple[str, int]], db: DbConnection
+    ) -> None:
+        if positions and not self._checkpoint_table_ready:
+            self._create_checkpoint_table(db)
+        statement = self._dialect.send_statement(db, self._address)
+        now = time.time()
+        rows = [self._dialect.send_params(outgoing(envelope, now)) for envelope in envelopes]
+        self._dialect.begin(db)
+        cursor = db.cursor()
+        if rows:
+            cursor.executemany(statement, rows)
+        if positions:
+            cursor.executemany(self._checkpoints.upsert, positions)
+        db.commit()
+
+    def _create_checkpoint_table(self, db: DbConnection) -> None:
+        if not self._dialect.table_exists(db, self._checkpoints.table):
+            cursor = db.cursor()
+            for statement in self._checkpoints.create:
+                cursor.execute(statement)
+        db.commit()
+        self._checkpoint_table_ready = True
+
+    def _load_checkpoint(self, prefix: str, db: DbConnection) -> dict[str, int]:
+        try:
+            if not self._dialect.table_exists(db, self._checkpoints.table):
+                return {}
+            cursor = db.cursor()
+            cursor.execute(self._checkpoints.load)
+            # Filtered here: LIKE is case-insensitive in SQLite and in most SQL Server collations.
+            return {
+                str(name): int(position)
+                for name, position in cursor.fetchall()
+                if str(name).startswith(prefix)
+            }
+        finally:
+            db.rollback()
+
+
+class SqlTransport:
+    """The `Transport` of one SQL connection; the dialect modules subclass it per database."""
+
+    def __init__(self, name: str, dialect: Dialect) -> None:
+        self.name = name
+        self.dialect = dialect
+        self._admin: Connection | None = None
+        self._opened: weakref.WeakSet[SqlSource | SqlSink] = weakref.WeakSet()
+
+    def source(
+        self,
+        address: str,
+        *,
+        group: str | None = None,
+        error_queue: str | None = None,
+        checkpoint_store: CheckpointStore | None = None,
+    ) -> SqlSource:
+        """`group` and `checkpoint_store` mean nothing to a queue table and are ignored."""
+        source = SqlSource(self.dialect, address, error_queue)
+        self._opened.add(source)
+        return source
+
+    def sink(self, address: str, *, key: str | None = None) -> SqlSink:
+        """`key` (a Kafka record key) means nothing to a queue table and is ignored."""
+        sink = SqlSink(self.dialect, address)
+        self._opened.add(sink)
+        return sink
+
+    def install_statements(self, addresses: Sequence[str]) -> list[str]:
+        """The DDL `install` runs: each queue table, then the checkpoint table."""
+        statements = [
+            statement
+            for address in dict.fromkeys(addresses)
+            for statement in self.dialect.queue_statements(address).create
+        ]
+        return statements + list(self.dialect.checkpoint_statements().create)
+
+    async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]:
+        """Create the queue tables (idempotent); with `print_only` return the DDL unconnected."""
+        statements = self.install_statements(addresses)
+        if not print_only:
+            await self._run(partial(_execute_each, statements))
+        return statements
+
+    async def check(self, addresses: Sequence[str]) -> list[str]:
+        """Reach the database; raise when a table is missing; return warnings."""
+        return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
+
+    async def peek(self, address: str) -> QueueDepth:
+        return await self._run(partial(self._peek, address))
+
+    def canonical_address(self, address: str) -> str:
+        return self.dialect.canonical_address(address)
+
+    def purge_expired(self, address: str, batch_size: int = 1000) -> int:
+        """Delete every expired row in batches of `batch_size`, blocking; returns how many."""
+        purge = self.dialect.queue_statements(address).purge_expired
+        total = 0
+        try:
+            db = self.dialect.connect()
+            try:
+                while True:
+                    cursor = db.cursor()
+                    cursor.execute(purge, (batch_size,))
+                    deleted = max(cursor.rowcount, 0)
+                    db.commit()
+                    total += deleted
+                    if deleted < batch_size:
+                        return total
+            finally:
+                with contextlib.suppress(Exception):
+                    db.close()
+        except Exception as exc:
+            error = self.dialect.translate(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def close(self) -> None:
+        for opened in list(self._opened):
+            await opened.close()
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
+
+    async def _run(self, work: Callable[[DbConnection], T]) -> T:
+        if self._admin is None:
+            self._admin = Connection(self.dialect)
+        return await self._admin.run(work)
+
+    def _check(self, addresses: list[str], db: DbConnection) -> list[str]:
+        try:
+            missing = [a for a in addresses if not self.dialect.table_exists(db, a)]
+            if missing:
+                names = ", ".join(self.dialect.table(a) for a in missing)
+                raise TransportError(
+                    f"{self.dialect.describe()}: queue table {names} does not exist "
+                    "(run `bridge install`)"
+                )
+            return [warning for a in addresses for warning in self.dialect.warnings(db, a)]
+        finally:
+            db.rollback()
+
+    def _peek(self, address: str, db: DbConnection) -> QueueDepth:
+        statements = self.dialect.queue_statements(address)
+        try:
+            cursor = db.cursor()
+            depth = _scalar(cursor, statements.depth)
+            cursor.execute(statements.oldest)
+            oldest = cursor.fetchone()
+            expired = _scalar(cursor, statements.expired)
+        finally:
+            db.rollback()
+        age = _age_seconds(oldest[0], time.time()) if oldest is not None else None
+        return QueueDepth(depth=depth, oldest_age_seconds=age, expired=expired)
+
+
+def _roll_back(db: DbConnection) -> None:
+    db.rollback()
+
+
+def _execute_each(statements: Sequence[str], db: DbConnection) -> None:
+    cursor = db.cursor()
+    for statement in statements:
+        cursor.execute(statement)
+        db.commit()
+
+
+def _scalar(cursor: DbCursor, statement: str) -> int:
+    cursor.execute(statement)
+    row = cursor.fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def _age_seconds(raw_headers: str | bytes | None, now: float) -> float | None:
+    """Seconds since the row's `NServiceBus.TimeSent`; None when it has no readable one."""
+    try:
+        sent = headers_codec.decode(raw_headers).get(TIME_SENT)
+        if sent is None:
+            return None
+        return max(0.0, now - parse_timestamp(sent).timestamp())
+    except (HeadersFormatError, ValueError):
+        return None

@@ -1,0 +1,255 @@
+"""Every T-SQL statement the SQL Server transport runs, as text (wire-format §1, seed 000).
+
+The statements are the NServiceBus SQL Server transport's own, verbatim, with these additions:
+
+- Parameters are bound by a `DECLARE ... = ?` line in front of the statement (pyodbc's
+  paramstyle is `?`), so the statement itself keeps its `@Name` parameters unchanged.
+  Parameter order is the order of that line:
+      send           (@Id uniqueidentifier, @TimeToBeReceivedMs int, @Headers nvarchar(max),
+                      @Body varbinary(max)) as (str, int | None, str, bytes)
+      receive        (@n int,)
+      purge_expired  (@BatchSize int,)
+- The receive takes `TOP(@n)` rows instead of `TOP(1)`, and its OUTPUT has ONE extra column
+  after the spec's four: `DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires)`, the remaining
+  lifetime by the database clock (NULL when the row never expires).
+- `send_without_recoverable` is the send for tables without the legacy `Recoverable` column.
+- The checks, the `Recoverable` probe and `BridgeCheckpoints` are this project's statements;
+  the two table checks are the transport's, prefixed with the catalog where one is configured
+  so they look at the right database. Existence checks take the quoted name as a parameter.
+
+`{0}` in the spec is `table_name(...)`: `[catalog].[schema].[table]`, each part bracket-quoted
+with `]` doubled. Where the spec puts that name inside a string literal (`N'{0}'`,
+`'{0}_lock'`) its `'` are doubled as well.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHECKPOINT_TABLE",
+    "EXISTS",
+    "INT32_MAX",
+    "bracket",
+    "checkpoint_create",
+    "checkpoint_load",
+    "checkpoint_upsert",
+    "create_index_expires",
+    "create_index_rowversion",
+    "create_queue",
+    "create_queue_table",
+    "depth",
+    "expired",
+    "has_recoverable",
+    "headers_type",
+    "index_expires_count",
+    "oldest",
+    "purge_expired",
+    "receive",
+    "send",
+    "send_without_recoverable",
+    "table_name",
+]
+
+#: The largest @TimeToBeReceivedMs (Int32): about 24.8 days.
+INT32_MAX = 2_147_483_647
+
+CHECKPOINT_TABLE = "BridgeCheckpoints"
+
+#: params (quoted table name,) -> one row: the object id, NULL when there is no such table.
+EXISTS = "SELECT OBJECT_ID(?, N'U')"
+
+_SEND_PARAMS = (
+    "DECLARE @Id uniqueidentifier = ?, @TimeToBeReceivedMs int = ?, "
+    "@Headers nvarchar(max) = ?, @Body varbinary(max) = ?;\n"
+)
+
+
+def bracket(part: str) -> str:
+    return "[" + part.replace("]", "]]") + "]"
+
+
+def table_name(table: str, schema: str, catalog: str | None) -> str:
+    parts = (catalog, schema, table) if catalog else (schema, table)
+    return ".".join(bracket(part) for part in parts)
+
+
+def _in_literal(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _sys(catalog: str | None) -> str:
+    return f"{bracket(catalog)}.sys" if catalog else "sys"
+
+
+def _guarded_create(table: str, catalog: str | None, body: str) -> str:
+    """The transport's creation guard: exists -> applock -> re-check -> create -> release."""
+    name = _in_literal(table)
+    exists = (
+        "IF EXISTS (\n"
+        "SELECT *\n"
+        f"FROM {_sys(catalog)}.objects\n"
+        f"WHERE object_id = OBJECT_ID(N'{name}')\n"
+        "AND type in (N'U'))\n"
+    )
+    return (
+        f"{exists}"
+        "RETURN\n"
+        f"EXEC sp_getapplock @Resource = '{name}_lock', @LockMode = 'Exclusive'\n"
+        f"{exists}"
+        "BEGIN\n"
+        f"EXEC sp_releaseapplock @Resource = '{name}_lock'\n"
+        "RETURN\n"
+        "END\n"
+        "BEGIN TRY\n"
+        f"{body}\n"
+        "END TRY\n"
+        "BEGIN CATCH\n"
+        f"EXEC sp_releaseapplock @Resource = '{name}_lock';\n"
+        "THROW;\n"
+        "END CATCH;\n"
+        f"EXEC sp_releaseapplock @Resource = '{name}_lock'"
+    )
+
+
+def create_queue_table(table: str) -> str:
+    return (
+        f"CREATE TABLE {table} (\n"
+        "Id uniqueidentifier NOT NULL,\n"
+        "CorrelationId varchar(255),\n"
+        "ReplyToAddress varchar(255),\n"
+        "Recoverable bit NOT NULL,\n"
+        "Expires datetime,\n"
+        "Headers nvarchar(max) NOT NULL,\n"
+        "Body varbinary(max),\n"
+        "RowVersion bigint IDENTITY(1,1) NOT NULL\n"
+        ");"
+    )
+
+
+def create_index_rowversion(table: str) -> str:
+    return f"CREATE NONCLUSTERED INDEX Index_RowVersion ON {table}\n(\n[RowVersion] ASC\n)"
+
+
+def create_index_expires(table: str) -> str:
+    return (
+        f"CREATE NONCLUSTERED INDEX Index_Expires ON {table}\n"
+        "(\nExpires\n)\n"
+        "INCLUDE\n(\nId,\nRowVersion\n)\n"
+        "WHERE\nExpires IS NOT NULL"
+    )
+
+
+def create_queue(table: str, catalog: str | None) -> str:
+    """The guarded queue-creation script of seed 000, as one batch."""
+    body = "\n".join(
+        (create_queue_table(table), create_index_rowversion(table), create_index_expires(table))
+    )
+    return _guarded_create(table, catalog, body)
+
+
+def send(table: str) -> str:
+    return (
+        f"{_SEND_PARAMS}"
+        f"INSERT INTO {table} (Id, Recoverable, Expires, Headers, Body)\n"
+        "VALUES (@Id, 1, CASE WHEN @TimeToBeReceivedMs IS NOT NULL\n"
+        "                     THEN DATEADD(ms, @TimeToBeReceivedMs, GETUTCDATE()) END, "
+        "@Headers, @Body);"
+    )
+
+
+def send_without_recoverable(table: str) -> str:
+    return (
+        f"{_SEND_PARAMS}"
+        f"INSERT INTO {table} (Id, Expires, Headers, Body)\n"
+        "VALUES (@Id, CASE WHEN @TimeToBeReceivedMs IS NOT NULL\n"
+        "                  THEN DATEADD(ms, @TimeToBeReceivedMs, GETUTCDATE()) END, "
+        "@Headers, @Body);"
+    )
+
+
+def receive(table: str) -> str:
+    return (
+        "DECLARE @n int = ?;\n"
+        f"WITH message AS (SELECT TOP(@n) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) "
+        "ORDER BY RowVersion)\n"
+        "DELETE FROM message\n"
+        "OUTPUT deleted.Id,\n"
+        "       CASE WHEN deleted.Expires IS NULL THEN 0\n"
+        "            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
+        "       deleted.Headers, deleted.Body,\n"
+        "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);"
+    )
+
+
+def depth(table: str) -> str:
+    return (
+        "SELECT isnull(cast(max([RowVersion]) - min([RowVersion]) + 1 AS int), 0) "
+        f"FROM {table} WITH (READPAST, READCOMMITTEDLOCK)"
+    )
+
+
+def oldest(table: str) -> str:
+    return f"SELECT TOP(1) Headers FROM {table} WITH (READPAST) ORDER BY RowVersion"
+
+
+def expired(table: str) -> str:
+    return f"SELECT COUNT(*) FROM {table} WITH (READPAST) WHERE Expires < GETUTCDATE()"
+
+
+def purge_expired(table: str) -> str:
+    return (
+        "DECLARE @BatchSize int = ?;\n"
+        f"DELETE FROM {table} WHERE RowVersion IN (SELECT TOP (@BatchSize) RowVersion "
+        f"FROM {table} WITH (READPAST) WHERE Expires < GETUTCDATE())"
+    )
+
+
+def index_expires_count(table: str, catalog: str | None) -> str:
+    return (
+        "SELECT COUNT(*)\n"
+        f"FROM {_sys(catalog)}.indexes\n"
+        "WHERE name = 'Index_Expires'\n"
+        f"AND object_id = OBJECT_ID('{_in_literal(table)}')"
+    )
+
+
+def headers_type(table: str, catalog: str | None) -> str:
+    return (
+        "SELECT t.name\n"
+        f"FROM {_sys(catalog)}.columns c\n"
+        f"INNER JOIN {_sys(catalog)}.types t ON c.system_type_id = t.system_type_id\n"
+        f"WHERE c.object_id = OBJECT_ID('{_in_literal(table)}')\n"
+        "AND c.name = 'Headers'"
+    )
+
+
+def has_recoverable(catalog: str | None) -> str:
+    """params (quoted table name,) -> one row: 1 when the table has a Recoverable column."""
+    return (
+        f"SELECT COUNT(*) FROM {_sys(catalog)}.columns "
+        "WHERE object_id = OBJECT_ID(?) AND name = 'Recoverable'"
+    )
+
+
+def checkpoint_create(table: str, catalog: str | None) -> str:
+    body = (
+        f"CREATE TABLE {table} (\n"
+        "Name nvarchar(450) NOT NULL PRIMARY KEY,\n"
+        "Position bigint NOT NULL\n"
+        ");"
+    )
+    return _guarded_create(table, catalog, body)
+
+
+def checkpoint_upsert(table: str) -> str:
+    """params (name, position)."""
+    return (
+        f"MERGE {table} WITH (HOLDLOCK) AS target\n"
+        "USING (SELECT ? AS Name, ? AS Position) AS source\n"
+        "ON target.Name = source.Name\n"
+        "WHEN MATCHED THEN UPDATE SET Position = source.Position\n"
+        "WHEN NOT MATCHED THEN INSERT (Name, Position) VALUES (source.Name, source.Position);"
+    )
+
+
+def checkpoint_load(table: str) -> str:
+    return f"SELECT Name, Position FROM {table}"
