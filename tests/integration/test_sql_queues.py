@@ -1,0 +1,507 @@
+"""SQL queue tables on real SQLite and PostgreSQL: what a queue table must do for the runner.
+
+Rows that a foreign writer would leave (bad headers, hand-written TimeSent) are put in with the
+plain drivers, so these tests check the transport against rows it did not write itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import psycopg
+import pytest
+
+from bridge.config.models import PostgresConnection, SqliteConnection
+from bridge.envelope import Envelope, Headers
+from bridge.errors import ConfigError, SettleError, TransportError, TransportUnavailable
+from bridge.transports import load
+from bridge.transports.sql.queue import SqlTransport
+from bridge.wireformat import format_timestamp
+from tests.conftest import unique
+
+pytestmark = pytest.mark.integration
+
+KINDS = ["sqlite", "postgresql"]
+
+
+@dataclass
+class Db:
+    """A transport plus raw access to the same database through the plain driver."""
+
+    kind: str
+    transport: SqlTransport
+    sqlite_path: str = ""
+    pg_dsn: str = ""
+    schema: str = ""
+
+    def table(self, name: str) -> str:
+        quoted = '"' + name.replace('"', '""') + '"'
+        return quoted if self.kind == "sqlite" else f'"{self.schema}".{quoted}'
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        if self.kind == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.sqlite_path)) as lite, lite:
+                yield lite.cursor()
+        else:
+            with psycopg.connect(self.pg_dsn) as pg, pg.cursor() as cursor:
+                yield cursor
+
+    def _sql(self, statement: str) -> str:
+        return statement if self.kind == "sqlite" else statement.replace("?", "%s")
+
+    def insert(self, name: str, headers: str, body: bytes = b"") -> None:
+        with self._cursor() as cursor:
+            cursor.execute(
+                self._sql(f"INSERT INTO {self.table(name)} (id, headers, body) VALUES (?, ?, ?)"),
+                (str(uuid.uuid4()), headers, body),
+            )
+
+    def rows(self, name: str) -> list[tuple[str, str, bytes]]:
+        with self._cursor() as cursor:
+            cursor.execute(f"SELECT id, headers, body FROM {self.table(name)} ORDER BY seq")
+            return [(str(i), h, bytes(b)) for i, h, b in cursor.fetchall()]
+
+
+def sqlite_config(path: str, busy_timeout: float = 30.0) -> SqliteConnection:
+    return SqliteConnection.model_validate(
+        {"type": "sqlite", "path": path, "busy_timeout": busy_timeout}
+    )
+
+
+def postgres_config(dsn: str, schema: str = "public") -> PostgresConnection:
+    return PostgresConnection.model_validate({"type": "postgresql", "dsn": dsn, "schema": schema})
+
+
+@pytest.fixture(params=KINDS)
+async def db(request: pytest.FixtureRequest) -> AsyncIterator[Db]:
+    if request.param == "sqlite":
+        path = request.getfixturevalue("sqlite_path")
+        config: Any = sqlite_config(path=path)
+        found = Db("sqlite", cast(SqlTransport, load("local", config)), sqlite_path=path)
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        schema = request.getfixturevalue("pg_schema")
+        config = postgres_config(dsn=dsn, schema=schema)
+        found = Db(
+            "postgresql", cast(SqlTransport, load("shop", config)), pg_dsn=dsn, schema=schema
+        )
+    try:
+        yield found
+    finally:
+        await found.transport.close()
+
+
+async def queue(db: Db, prefix: str = "Sales") -> str:
+    name = unique(prefix)
+    await db.transport.install([name])
+    return name
+
+
+def message(i: int) -> Envelope:
+    return Envelope(Headers([("NServiceBus.MessageId", f"id-{i}")]), f"body-{i}".encode())
+
+
+async def send(db: Db, name: str, envelopes: list[Envelope]) -> None:
+    sink = db.transport.sink(name)
+    try:
+        await sink.send(envelopes)
+    finally:
+        await sink.close()
+
+
+async def drain(db: Db, name: str, batch_size: int = 100) -> list[Envelope]:
+    source = db.transport.source(name)
+    got: list[Envelope] = []
+    try:
+        while True:
+            batch = await source.receive_batch(batch_size, 0.05)
+            async with batch:
+                got.extend(batch.messages)
+                await batch.commit()
+            if not len(batch):
+                return got
+    finally:
+        await source.close()
+
+
+def ids(envelopes: list[Envelope]) -> list[str | None]:
+    return [e.message_id for e in envelopes]
+
+
+async def test_install_is_idempotent_and_check_finds_the_tables(db: Db) -> None:
+    names = [unique("Sales"), unique("Billing")]
+    first = await db.transport.install(names)
+    second = await db.transport.install(names)
+    assert first == second
+    assert await db.transport.check(names) == []
+
+
+async def test_print_only_install_needs_no_connection(db: Db, tmp_path: Path) -> None:
+    if db.kind == "sqlite":
+        config: Any = sqlite_config(path=str(tmp_path / "none" / "x.db"))
+    else:
+        dsn = "postgresql://nobody:secret@127.0.0.1:1/none?connect_timeout=1"
+        config = postgres_config(dsn=dsn, schema='odd "schema"')
+    offline = cast(SqlTransport, load("offline", config))
+    try:
+        statements = await offline.install(['Sales.Delayed v"2'], print_only=True)
+    finally:
+        await offline.close()
+    text = "\n".join(statements)
+    assert '"Sales.Delayed v""2"' in text
+    assert "CREATE TABLE IF NOT EXISTS" in text and "BridgeCheckpoints" in text
+    if db.kind == "postgresql":
+        assert '"odd ""schema"""."Sales.Delayed v""2"' in text
+    assert not (tmp_path / "none").exists()
+
+
+async def test_headers_and_bodies_come_back_byte_for_byte(db: Db) -> None:
+    name = await queue(db)
+    headers = Headers(
+        [
+            ("NServiceBus.MessageId", "7f1b2c2e-0000-4000-8000-000000000001"),
+            ("NServiceBus.ReplyToAddress", "Sales@[dbo]@[nservicebus]"),
+            ("unicode", 'café / 東京 / \u2028 "quoted" \\ back'),
+            ("path/with/slashes", "a/b/c"),
+            ("empty", ""),
+            ("null", None),
+            *[(f"h{i:03d}", f"v{i}") for i in range(200)],
+        ]
+    )
+    bodies = [b"", bytes(range(256)) * 4096, b"\x00\xff" * 10, "é".encode() * 1000]
+    await send(db, name, [Envelope(headers.copy(), body) for body in bodies])
+    got = await drain(db, name)
+    assert [e.body for e in got] == bodies
+    assert len(bodies[1]) == 1024 * 1024
+    for envelope in got:
+        assert envelope.headers.items() == headers.items()
+        assert envelope.native_id is not None
+    assert len({e.native_id for e in got}) == len(bodies)
+
+
+async def test_fifo_order_across_sends_and_batches(db: Db) -> None:
+    name = await queue(db)
+    for start in range(0, 250, 50):
+        await send(db, name, [message(i) for i in range(start, start + 50)])
+    got = await drain(db, name, batch_size=37)
+    assert ids(got) == [f"id-{i}" for i in range(250)]
+
+
+async def test_abort_returns_every_row_in_order(db: Db) -> None:
+    name = await queue(db)
+    await send(db, name, [message(i) for i in range(10)])
+    source = db.transport.source(name)
+    try:
+        batch = await source.receive_batch(6, 5.0)
+        taken = [(e.native_id, e.message_id) for e in batch.messages]
+        assert [m for _, m in taken] == [f"id-{i}" for i in range(6)]
+        await batch.abort()
+        with pytest.raises(SettleError):
+            await batch.commit()
+        again = await source.receive_batch(6, 5.0)
+        assert [(e.native_id, e.message_id) for e in again.messages] == taken
+        await again.abort()
+    finally:
+        await source.close()
+    assert ids(await drain(db, name)) == [f"id-{i}" for i in range(10)]
+
+
+async def test_closing_a_source_with_a_batch_in_hand_returns_its_rows(db: Db) -> None:
+    name = await queue(db)
+    await send(db, name, [message(i) for i in range(3)])
+    source = db.transport.source(name)
+    batch = await source.receive_batch(10, 5.0)
+    assert len(batch.messages) == 3
+    await source.close()
+    assert ids(await drain(db, name)) == ["id-0", "id-1", "id-2"]
+
+
+async def test_a_second_receive_before_settling_is_refused(db: Db) -> None:
+    name = await queue(db)
+    await send(db, name, [message(1)])
+    source = db.transport.source(name)
+    try:
+        batch = await source.receive_batch(10, 5.0)
+        with pytest.raises(SettleError):
+            await source.receive_batch(10, 0.1)
+        await batch.commit()
+        empty = await source.receive_batch(10, 0.05)
+        assert not len(empty)
+        await empty.commit()
+    finally:
+        await source.close()
+
+
+async def test_interleaved_receivers_get_disjoint_rows_and_together_all(db: Db) -> None:
+    name = await queue(db)
+    await send(db, name, [message(i) for i in range(10)])
+    first, second = db.transport.source(name), db.transport.source(name)
+    try:
+        held = await first.receive_batch(5, 5.0)
+        # PostgreSQL skips the locked rows at once; SQLite waits for the writer to commit.
+        other = asyncio.create_task(second.receive_batch(5, 5.0))
+        await asyncio.sleep(0.05)
+        await held.commit()
+        late = await asyncio.wait_for(other, 10)
+        await late.commit()
+    finally:
+        await first.close()
+        await second.close()
+    a, b = ids(list(held.messages)), ids(list(late.messages))
+    assert len(a) == len(b) == 5
+    assert not set(a) & set(b)
+    assert sorted(a + b, key=lambda m: int((m or "").split("-")[1])) == ids(
+        [message(i) for i in range(10)]
+    )
+
+
+async def test_concurrent_receivers_never_share_a_row(db: Db) -> None:
+    name = await queue(db)
+    total = 300
+    await send(db, name, [message(i) for i in range(total)])
+    sources = [db.transport.source(name) for _ in range(3)]
+    got: list[list[str | None]] = [[] for _ in sources]
+
+    async def consume(index: int) -> None:
+        while sum(map(len, got)) < total:
+            batch = await sources[index].receive_batch(7, 0.2)
+            got[index].extend(ids(list(batch.messages)))
+            await batch.commit()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(3))), 60)
+    finally:
+        for source in sources:
+            await source.close()
+    everything = [m for part in got for m in part]
+    assert len(everything) == total
+    assert set(everything) == {f"id-{i}" for i in range(total)}
+    for part in got:  # each receiver still sees FIFO order
+        assert part == sorted(part, key=lambda m: int((m or "").split("-")[1]))
+
+
+async def test_expired_rows_are_dropped_and_only_counted(db: Db) -> None:
+    name = await queue(db)
+    spent = [message(i) for i in range(3)]
+    for envelope in spent:
+        envelope.expires_at = time.time() - 1
+    live = message(9)
+    live.expires_at = time.time() + 600
+    await send(db, name, [spent[0], message(3), spent[1], live, spent[2]])
+    stats = await db.transport.peek(name)
+    assert (stats.depth, stats.expired) == (5, 3)
+    source = db.transport.source(name)
+    try:
+        batch = await source.receive_batch(10, 5.0)
+        assert ids(list(batch.messages)) == ["id-3", "id-9"]
+        assert batch.expired == 3 and not batch.poison
+        await batch.commit()
+    finally:
+        await source.close()
+    assert (await db.transport.peek(name)).depth == 0
+
+
+async def test_remaining_time_to_live_is_carried(db: Db) -> None:
+    name = await queue(db)
+    envelope = message(1)
+    envelope.headers.add("NServiceBus.TimeToBeReceived", "00:01:00")
+    envelope.expires_at = time.time() + 60
+    await send(db, name, [envelope, message(2)])
+    first, second = await drain(db, name)
+    assert first.expires_at is not None
+    assert abs(first.expires_at - (time.time() + 60)) < 2
+    assert second.expires_at is None
+
+
+POISON = ['{"a":1}', "[1]", "not json", '{"a":"b"', '{"nested":{"x":"y"}}']
+
+
+async def test_poison_rows_surface_with_raw_headers_and_do_not_block(db: Db) -> None:
+    name = await queue(db)
+    db.insert(name, '{"NServiceBus.MessageId":"before"}', b"b0")
+    for i, raw in enumerate(POISON):
+        db.insert(name, raw, f"p{i}".encode())
+    db.insert(name, '{"NServiceBus.MessageId":"after"}', b"b1")
+    db.insert(name, "", b"no headers")
+    source = db.transport.source(name)
+    try:
+        batch = await source.receive_batch(20, 5.0)
+        assert ids(list(batch.messages)) == ["before", "after", None]
+        assert [m.body for m in batch.messages] == [b"b0", b"b1", b"no headers"]
+        assert [(p.raw_headers, p.body) for p in batch.poison] == [
+            (raw, f"p{i}".encode()) for i, raw in enumerate(POISON)
+        ]
+        assert all(p.native_id and p.reason for p in batch.poison)
+        await batch.commit()
+    finally:
+        await source.close()
+    assert db.rows(name) == []
+
+
+async def test_poison_moves_to_the_error_queue_in_the_same_transaction(db: Db) -> None:
+    name, errors = unique("Sales"), unique("bridge.error")
+    await db.transport.install([name, errors])
+    db.insert(name, "not json", b"\x00raw")
+    db.insert(name, '{"NServiceBus.MessageId":"ok"}', b"fine")
+    db.insert(name, "[1]", b"")
+    source = db.transport.source(name, error_queue=errors)
+    try:
+        aborted = await source.receive_batch(10, 5.0)
+        assert len(aborted.poison) == 2
+        await aborted.abort()
+        assert db.rows(errors) == []  # nothing moves unless the batch commits
+        batch = await source.receive_batch(10, 5.0)
+        assert ids(list(batch.messages)) == ["ok"]
+        native_ids = {p.native_id for p in batch.poison}
+        await batch.commit()
+    finally:
+        await source.close()
+    moved = db.rows(errors)
+    assert [(h, b) for _, h, b in moved] == [("not json", b"\x00raw"), ("[1]", b"")]
+    assert not native_ids & {i for i, _, _ in moved}  # fresh ids
+    assert db.rows(name) == []
+
+
+async def test_peek_reports_depth_oldest_age_and_expired(db: Db) -> None:
+    name = await queue(db)
+    empty = await db.transport.peek(name)
+    assert (empty.depth, empty.oldest_age_seconds, empty.expired) == (0, None, 0)
+    sent = format_timestamp(datetime.now(UTC) - timedelta(minutes=2))
+    db.insert(name, f'{{"NServiceBus.TimeSent":"{sent}"}}')
+    spent = message(1)
+    spent.expires_at = time.time() - 5
+    await send(db, name, [spent, message(2)])
+    stats = await db.transport.peek(name)
+    assert stats.depth == 3 and stats.expired == 1
+    assert stats.oldest_age_seconds is not None and 119 < stats.oldest_age_seconds < 135
+
+
+async def test_checkpoint_is_stored_with_the_rows_and_loaded_back(db: Db) -> None:
+    name = await queue(db)
+    sink = db.transport.sink(name)
+    try:
+        assert await sink.load_checkpoint("orders/") == {}
+        await sink.send([message(1)], {"orders/0": 10, "orders/1": 4, "other/0": 99})
+        await sink.send([], {"orders/0": 11})
+        assert await sink.load_checkpoint("orders/") == {"orders/0": 11, "orders/1": 4}
+        with pytest.raises(TransportError):  # the NULL name fails the whole transaction
+            await sink.send([message(2)], {"orders/1": 5, cast(str, None): 1})
+        assert await sink.load_checkpoint("orders/") == {"orders/0": 11, "orders/1": 4}
+        await sink.send([message(3)], {"orders/1": 6})
+    finally:
+        await sink.close()
+    assert ids(await drain(db, name)) == ["id-1", "id-3"]
+    reader = db.transport.sink(name)
+    try:
+        assert await reader.load_checkpoint("") == {"orders/0": 11, "orders/1": 6, "other/0": 99}
+    finally:
+        await reader.close()
+
+
+async def test_table_names_with_dots_spaces_and_quotes(db: Db) -> None:
+    names = [unique("Sales.Delayed"), unique("my queue"), unique('say "hi".v2'), unique("50%")]
+    await db.transport.install(names)
+    for i, name in enumerate(names):
+        await send(db, name, [message(i)])
+    for i, name in enumerate(names):
+        assert ids(await drain(db, name)) == [f"id-{i}"]
+        assert db.rows(name) == []
+
+
+async def test_an_empty_receive_holds_no_transaction(db: Db) -> None:
+    transport = db.transport
+    if db.kind == "sqlite":  # a held write lock would make the send below time out
+        config = sqlite_config(path=db.sqlite_path, busy_timeout=1)
+        transport = cast(SqlTransport, load("local", config))
+    name = await queue(db)
+    idle = transport.source(name)
+    try:
+        started = time.monotonic()
+        batch = await idle.receive_batch(10, 0.3)
+        assert not len(batch) and 0.3 <= time.monotonic() - started < 3
+        sink = transport.sink(name)
+        await sink.send([message(1)])
+        await sink.close()
+        assert ids(await drain(db, name)) == ["id-1"]
+        await batch.commit()
+    finally:
+        await idle.close()
+        await transport.close()
+
+
+async def test_a_cancelled_receive_loses_nothing(db: Db) -> None:
+    name = await queue(db)
+    source = db.transport.source(name)
+    try:
+        waiting = asyncio.create_task(source.receive_batch(10, 30))
+        await asyncio.sleep(0.1)
+        await send(db, name, [message(1)])
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            batch = await waiting
+            await batch.abort()
+    finally:
+        await source.close()
+    assert ids(await drain(db, name)) == ["id-1"]
+
+
+async def test_purge_expired_deletes_in_batches(db: Db) -> None:
+    name = await queue(db)
+    spent = [message(i) for i in range(5)]
+    for envelope in spent:
+        envelope.expires_at = time.time() - 1
+    await send(db, name, [*spent, message(9)])
+    assert await asyncio.to_thread(db.transport.purge_expired, name, 2) == 5
+    assert ids(await drain(db, name)) == ["id-9"]
+
+
+async def test_check_names_a_missing_table(db: Db) -> None:
+    present = await queue(db)
+    missing = unique("Missing")
+    with pytest.raises(TransportError, match=missing) as raised:
+        await db.transport.check([present, missing])
+    assert not raised.value.retriable
+
+
+async def test_an_unreachable_database_is_retriable(db: Db, tmp_path: Path) -> None:
+    if db.kind == "sqlite":
+        config: Any = sqlite_config(path=str(tmp_path / "no" / "dir.db"))
+    else:
+        dsn = "postgresql://nobody:secret@127.0.0.1:1/none?connect_timeout=1"
+        config = postgres_config(dsn=dsn)
+    offline = cast(SqlTransport, load("offline", config))
+    sink = offline.sink("Sales")
+    try:
+        with pytest.raises(TransportUnavailable) as raised:
+            await offline.check(["Sales"])
+        assert "offline" in str(raised.value) and "secret" not in str(raised.value)
+        with pytest.raises(TransportUnavailable):
+            await sink.send([message(1)])
+    finally:
+        await offline.close()
+
+
+async def test_canonical_address(db: Db) -> None:
+    schema = "main" if db.kind == "sqlite" else db.schema
+    assert db.transport.canonical_address('Sales."x"') == f'"{schema}"."Sales.""x"""'
+
+
+def test_postgresql_refuses_table_names_over_55_bytes(pg_dsn: str) -> None:
+    config = postgres_config(dsn=pg_dsn)
+    transport = cast(SqlTransport, load("shop", config))
+    ok = "é" * 27  # 54 bytes
+    assert transport.dialect.table(ok) == f'"public"."{ok}"'
+    with pytest.raises(ConfigError, match="55"):
+        transport.sink("é" * 28)
+    with pytest.raises(ConfigError, match="55"):
+        transport.source("Sales", error_queue="x" * 56)
