@@ -1,0 +1,67 @@
+{{/* Chart name, cut to the 63 characters a label value allows. */}}
+{{- define "bridge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: the release name, unless it already contains the chart name.
+Cut to 63 characters because some Kubernetes name fields are limited to that (DNS labels).
+*/}}
+{{- define "bridge.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "bridge.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "bridge.labels" -}}
+helm.sh/chart: {{ include "bridge.chart" . }}
+{{ include "bridge.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Selector labels: never change them, a Deployment's selector is immutable. */}}
+{{- define "bridge.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bridge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "bridge.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "bridge.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The port of /healthz /readyz /metrics: routes.http.port, 8080 when unset. */}}
+{{- define "bridge.httpPort" -}}
+{{- dig "http" "port" 8080 .Values.routes | int }}
+{{- end }}
+
+{{/* routes.yaml as the pod reads it: .Values.routes with http bound to 0.0.0.0:<port>. */}}
+{{- define "bridge.routesYaml" -}}
+{{- $routes := deepCopy .Values.routes }}
+{{- $_ := set $routes "http" (dict "host" "0.0.0.0" "port" (include "bridge.httpPort" . | int)) }}
+{{- toYaml $routes }}
+{{- end }}
+
+{{/* The Secret envFrom loads: the existing one, the one this chart creates, or none. */}}
+{{- define "bridge.secretName" -}}
+{{- if .Values.secret.existingSecret }}
+{{- .Values.secret.existingSecret }}
+{{- else if .Values.secret.values }}
+{{- include "bridge.fullname" . }}
+{{- end }}
+{{- end }}
