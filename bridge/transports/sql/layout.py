@@ -18,7 +18,6 @@ Row returned by a receive (`QueueRow`, the result columns of `QueueStatements.re
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,7 +98,7 @@ def outgoing(envelope: Envelope, now: float) -> OutgoingRow:
     it, as it would have dropped the message itself.
     """
     remaining = envelope.ttl_remaining(now)
-    ttl_ms = None if remaining is None else max(0, math.ceil(remaining * 1000))
+    ttl_ms = None if remaining is None else max(0, round(remaining * 1000))
     return OutgoingRow(
         str(uuid.uuid4()), ttl_ms, headers_codec.encode(envelope.headers), bytes(envelope.body)
     )

@@ -31,6 +31,7 @@ __all__ = [
     "bracket",
     "checkpoint_create",
     "checkpoint_load",
+    "checkpoint_table",
     "checkpoint_upsert",
     "create_index_expires",
     "create_index_rowversion",
@@ -230,14 +231,18 @@ def has_recoverable(catalog: str | None) -> str:
     )
 
 
-def checkpoint_create(table: str, catalog: str | None) -> str:
-    body = (
+def checkpoint_table(table: str) -> str:
+    return (
         f"CREATE TABLE {table} (\n"
         "Name nvarchar(450) NOT NULL PRIMARY KEY,\n"
         "Position bigint NOT NULL\n"
         ");"
     )
-    return _guarded_create(table, catalog, body)
+
+
+def checkpoint_create(table: str, catalog: str | None) -> str:
+    """`checkpoint_table` behind the same creation guard as the queue tables."""
+    return _guarded_create(table, catalog, checkpoint_table(table))
 
 
 def checkpoint_upsert(table: str) -> str:

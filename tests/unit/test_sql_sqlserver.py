@@ -1,0 +1,524 @@
+"""SQL Server without a server: statement text against golden strings, T-SQL parsing, parameter
+shapes, and the transport's calls through a scripted stand-in for a pyodbc connection.
+
+The golden strings are wire-format §1 and seed 000 with `{0}` written out as a three-part name
+whose parts hold `]`, dots and spaces.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from bridge.config.models import SqlServerConnection
+from bridge.envelope import Envelope, Headers, PoisonMessage
+from bridge.errors import TransportError, TransportUnavailable
+from bridge.transports.sql import tsql
+from bridge.transports.sql.dialect import DbConnection
+from bridge.transports.sql.layout import incoming, outgoing, poison_copy, received_rows
+from bridge.transports.sql.sqlserver import SqlServerDialect, Transport
+
+CATALOG, SCHEMA, TABLE = "my]db", "d.b o", "Sales.De layed]"
+T = "[my]]db].[d.b o].[Sales.De layed]]]"  # {0}
+C = "[my]]db]"  # {1}
+
+SEND_PARAMS = (
+    "DECLARE @Id uniqueidentifier = ?, @TimeToBeReceivedMs int = ?, "
+    "@Headers nvarchar(max) = ?, @Body varbinary(max) = ?;\n"
+)
+
+GOLDEN_DML = {
+    "send": SEND_PARAMS
+    + f"""INSERT INTO {T} (Id, Recoverable, Expires, Headers, Body)
+VALUES (@Id, 1, CASE WHEN @TimeToBeReceivedMs IS NOT NULL
+                     THEN DATEADD(ms, @TimeToBeReceivedMs, GETUTCDATE()) END, @Headers, @Body);""",
+    "send_without_recoverable": SEND_PARAMS
+    + f"""INSERT INTO {T} (Id, Expires, Headers, Body)
+VALUES (@Id, CASE WHEN @TimeToBeReceivedMs IS NOT NULL
+                  THEN DATEADD(ms, @TimeToBeReceivedMs, GETUTCDATE()) END, @Headers, @Body);""",
+    "receive": f"""DECLARE @n int = ?;
+WITH message AS (SELECT TOP(@n) * FROM {T} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion)
+DELETE FROM message
+OUTPUT deleted.Id,
+       CASE WHEN deleted.Expires IS NULL THEN 0
+            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
+       deleted.Headers, deleted.Body,
+       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);""",
+    "depth": "SELECT isnull(cast(max([RowVersion]) - min([RowVersion]) + 1 AS int), 0) "
+    f"FROM {T} WITH (READPAST, READCOMMITTEDLOCK)",
+    "oldest": f"SELECT TOP(1) Headers FROM {T} WITH (READPAST) ORDER BY RowVersion",
+    "expired": f"SELECT COUNT(*) FROM {T} WITH (READPAST) WHERE Expires < GETUTCDATE()",
+    "purge_expired": f"""DECLARE @BatchSize int = ?;
+DELETE FROM {T} WHERE RowVersion IN (SELECT TOP (@BatchSize) RowVersion FROM {T} WITH (READPAST) WHERE Expires < GETUTCDATE())""",  # noqa: E501
+    "checkpoint_upsert": f"""MERGE {T} WITH (HOLDLOCK) AS target
+USING (SELECT ? AS Name, ? AS Position) AS source
+ON target.Name = source.Name
+WHEN MATCHED THEN UPDATE SET Position = source.Position
+WHEN NOT MATCHED THEN INSERT (Name, Position) VALUES (source.Name, source.Position);""",
+    "checkpoint_load": f"SELECT Name, Position FROM {T}",
+}
+
+GOLDEN_CHECKS = {
+    "index_expires_count": f"""SELECT COUNT(*)
+FROM {C}.sys.indexes
+WHERE name = 'Index_Expires'
+AND object_id = OBJECT_ID('{T}')""",
+    "headers_type": f"""SELECT t.name
+FROM {C}.sys.columns c
+INNER JOIN {C}.sys.types t ON c.system_type_id = t.system_type_id
+WHERE c.object_id = OBJECT_ID('{T}')
+AND c.name = 'Headers'""",
+}
+
+GUARD_OPEN = """IF EXISTS (
+SELECT *
+FROM {1}.sys.objects
+WHERE object_id = OBJECT_ID(N'{0}')
+AND type in (N'U'))
+RETURN
+EXEC sp_getapplock @Resource = '{0}_lock', @LockMode = 'Exclusive'
+IF EXISTS (
+SELECT *
+FROM {1}.sys.objects
+WHERE object_id = OBJECT_ID(N'{0}')
+AND type in (N'U'))
+BEGIN
+EXEC sp_releaseapplock @Resource = '{0}_lock'
+RETURN
+END
+BEGIN TRY
+"""
+GUARD_CLOSE = """
+END TRY
+BEGIN CATCH
+EXEC sp_releaseapplock @Resource = '{0}_lock';
+THROW;
+END CATCH;
+EXEC sp_releaseapplock @Resource = '{0}_lock'"""
+
+CREATE_QUEUE_TABLE = """CREATE TABLE {0} (
+Id uniqueidentifier NOT NULL,
+CorrelationId varchar(255),
+ReplyToAddress varchar(255),
+Recoverable bit NOT NULL,
+Expires datetime,
+Headers nvarchar(max) NOT NULL,
+Body varbinary(max),
+RowVersion bigint IDENTITY(1,1) NOT NULL
+);"""
+CREATE_INDEX_ROWVERSION = """CREATE NONCLUSTERED INDEX Index_RowVersion ON {0}
+(
+[RowVersion] ASC
+)"""
+CREATE_INDEX_EXPIRES = """CREATE NONCLUSTERED INDEX Index_Expires ON {0}
+(
+Expires
+)
+INCLUDE
+(
+Id,
+RowVersion
+)
+WHERE
+Expires IS NOT NULL"""
+CREATE_CHECKPOINTS = """CREATE TABLE {0} (
+Name nvarchar(450) NOT NULL PRIMARY KEY,
+Position bigint NOT NULL
+);"""
+
+#: seed 000 "Installation", as one batch
+SEED_CREATE_QUEUE = (
+    GUARD_OPEN
+    + "\n".join((CREATE_QUEUE_TABLE, CREATE_INDEX_ROWVERSION, CREATE_INDEX_EXPIRES))
+    + GUARD_CLOSE
+)
+
+
+def fill(template: str, table: str = T, catalog: str = C) -> str:
+    return template.replace("{0}", table).replace("{1}", catalog)
+
+
+def config(catalog: str | None = CATALOG, schema: str = SCHEMA) -> SqlServerConnection:
+    return SqlServerConnection.model_validate(
+        {"type": "sqlserver", "dsn": "Driver=FreeTDS;Server=nowhere", "schema": schema}
+        | ({"catalog": catalog} if catalog else {})
+    )
+
+
+@pytest.fixture
+def dialect() -> SqlServerDialect:
+    return SqlServerDialect("legacy", config())
+
+
+def parse(statement: str) -> list[Any]:
+    parsed = sqlglot.parse(statement, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+    assert all(e is not None and not isinstance(e, exp.Command) for e in parsed), parsed
+    return list(parsed)
+
+
+def queue_tables(tree: Any) -> list[tuple[str, str, str]]:
+    return [(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table) if t.name != "message"]
+
+
+# -- names -----------------------------------------------------------------------------------
+
+
+def test_three_part_names_bracket_every_part_and_double_closing_brackets(
+    dialect: SqlServerDialect,
+) -> None:
+    assert dialect.table(TABLE) == T
+    no_catalog = SqlServerDialect("legacy", config(catalog=None, schema="dbo"))
+    assert no_catalog.table("Sales") == "[dbo].[Sales]"
+
+
+def test_canonical_address_is_table_at_schema_at_catalog(dialect: SqlServerDialect) -> None:
+    assert dialect.canonical_address(TABLE) == "Sales.De layed]@[d.b o]@[my]]db]"
+    nsb = SqlServerDialect("legacy", config(catalog="nservicebus", schema="dbo"))
+    assert nsb.canonical_address("Sales") == "Sales@[dbo]@[nservicebus]"
+    assert SqlServerDialect("x", config(None, "dbo")).canonical_address("Sales") == "Sales@[dbo]"
+
+
+# -- golden text -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_DML))
+def test_statement_text_is_golden(name: str) -> None:
+    assert getattr(tsql, name)(T) == GOLDEN_DML[name]
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CHECKS))
+def test_check_statements_are_the_transports_own(name: str) -> None:
+    assert getattr(tsql, name)(T, CATALOG) == GOLDEN_CHECKS[name]
+
+
+def test_dialect_hands_out_the_golden_statements(dialect: SqlServerDialect) -> None:
+    statements = dialect.queue_statements(TABLE)
+    assert statements.create == (fill(SEED_CREATE_QUEUE),)
+    for field in ("send", "receive", "depth", "oldest", "expired", "purge_expired"):
+        assert getattr(statements, field) == GOLDEN_DML[field], field
+    checkpoints = dialect.checkpoint_statements()
+    cp = "[my]]db].[d.b o].[BridgeCheckpoints]"
+    assert checkpoints.create == (fill(GUARD_OPEN + CREATE_CHECKPOINTS + GUARD_CLOSE, table=cp),)
+    assert checkpoints.upsert == GOLDEN_DML["checkpoint_upsert"].replace(T, cp)
+    assert checkpoints.load == f"SELECT Name, Position FROM {cp}"
+
+
+def test_create_script_is_the_seed_script_with_real_names() -> None:
+    assert tsql.create_queue(T, CATALOG) == fill(SEED_CREATE_QUEUE)
+    assert tsql.create_queue("[dbo].[Sales]", None) == fill(
+        SEED_CREATE_QUEUE, table="[dbo].[Sales]", catalog="sys"
+    ).replace("FROM sys.sys.objects", "FROM sys.objects")
+
+
+def test_quotes_in_names_are_doubled_inside_string_literals() -> None:
+    script = tsql.create_queue("[dbo].[it's]", None)
+    assert "OBJECT_ID(N'[dbo].[it''s]')" in script
+    assert "@Resource = '[dbo].[it''s]_lock'" in script
+    assert "CREATE TABLE [dbo].[it's] (" in script
+    assert "OBJECT_ID('[dbo].[it''s]')" in tsql.index_expires_count("[dbo].[it's]", None)
+
+
+def test_print_only_install_is_the_exact_ddl_without_a_driver() -> None:
+    import asyncio
+
+    transport = Transport("legacy", config())
+
+    async def run() -> list[str]:
+        try:
+            return await transport.install([TABLE, TABLE], print_only=True)
+        finally:
+            await transport.close()
+
+    statements = asyncio.run(run())
+    assert statements == [
+        fill(SEED_CREATE_QUEUE),
+        fill(GUARD_OPEN + CREATE_CHECKPOINTS + GUARD_CLOSE, "[my]]db].[d.b o].[BridgeCheckpoints]"),
+    ]
+
+
+# -- T-SQL parsing -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_DML))
+def test_statements_parse_as_tsql_on_the_right_table(name: str) -> None:
+    trees = parse(GOLDEN_DML[name])
+    kinds = [type(tree).__name__ for tree in trees]
+    expected = {
+        "send": ["Declare", "Insert"],
+        "send_without_recoverable": ["Declare", "Insert"],
+        "receive": ["Declare", "Delete"],
+        "purge_expired": ["Declare", "Delete"],
+        "checkpoint_upsert": ["Merge"],
+    }.get(name, ["Select"])
+    assert kinds == expected
+    tables = {t for tree in trees for t in queue_tables(tree)}
+    assert tables == {(CATALOG, SCHEMA, TABLE)}
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        CREATE_QUEUE_TABLE,
+        CREATE_INDEX_ROWVERSION,
+        CREATE_INDEX_EXPIRES,
+        CREATE_CHECKPOINTS,
+    ],
+)
+def test_ddl_statements_of_the_script_parse_one_by_one(statement: str) -> None:
+    (tree,) = parse(fill(statement))
+    assert isinstance(tree, exp.Create)
+    assert queue_tables(tree) == [(CATALOG, SCHEMA, TABLE)]
+
+
+def test_ddl_pieces_are_the_ones_in_the_script() -> None:
+    script = tsql.create_queue(T, CATALOG)
+    for piece in (tsql.create_queue_table, tsql.create_index_rowversion, tsql.create_index_expires):
+        assert piece(T) in script
+    assert tsql.checkpoint_table(T) in tsql.checkpoint_create(T, CATALOG)
+    assert tsql.checkpoint_table(T) == fill(CREATE_CHECKPOINTS)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        *GOLDEN_CHECKS.values(),
+        tsql.has_recoverable(CATALOG),
+        tsql.EXISTS,
+        fill(GUARD_OPEN.split("RETURN")[0] + "RETURN"),
+    ],
+)
+def test_check_and_probe_statements_parse(statement: str) -> None:
+    parse(statement)
+
+
+# -- parameter shapes --------------------------------------------------------------------------
+
+
+def placeholders(statement: str) -> int:
+    return statement.count("?")
+
+
+def test_send_parameters_are_uuid_ms_headers_body(dialect: SqlServerDialect) -> None:
+    now = time.time()
+    headers = Headers([("NServiceBus.MessageId", "m-1"), ("a/b", "é"), ("n", None)])
+    live = Envelope(headers, b"body", expires_at=now + 60)
+    forever = Envelope(Headers(), b"")
+    params = [dialect.send_params(outgoing(e, now)) for e in (live, forever)]
+    for row in params:
+        assert len(row) == placeholders(GOLDEN_DML["send"]) == 4
+        uuid.UUID(row[0])
+        assert isinstance(row[2], str) and isinstance(row[3], bytes)
+    assert params[0][1:] == (
+        60_000,
+        '{"NServiceBus.MessageId":"m-1","a\\/b":"é","n":null}',
+        b"body",
+    )
+    assert params[1][1:] == (None, "{}", b"")
+    assert params[0][0] != params[1][0]
+
+
+def test_ttl_beyond_int32_milliseconds_means_no_expiry(dialect: SqlServerDialect) -> None:
+    now = time.time()
+
+    def ttl(seconds: float) -> object:
+        envelope = Envelope(Headers(), b"", expires_at=now + seconds)
+        return dialect.send_params(outgoing(envelope, now))[1]
+
+    assert ttl(tsql.INT32_MAX / 1000) == tsql.INT32_MAX
+    assert ttl(tsql.INT32_MAX / 1000 + 1) is None
+    assert ttl(30 * 86_400) is None
+    assert ttl(-5) == 0  # already spent: expires at once, the receiver drops it
+
+
+def test_other_parameter_shapes() -> None:
+    assert placeholders(GOLDEN_DML["receive"]) == 1
+    assert placeholders(GOLDEN_DML["purge_expired"]) == 1
+    assert placeholders(GOLDEN_DML["checkpoint_upsert"]) == 2
+    assert placeholders(tsql.has_recoverable(None)) == 1
+    assert placeholders(tsql.EXISTS) == 1
+    poison = PoisonMessage("not json", b"\x00", "bad", "HeadersFormatError", native_id="X")
+    copy = poison_copy(poison)
+    assert (copy.ttl_ms, copy.headers, copy.body) == (None, "not json", b"\x00")
+
+
+def test_output_rows_map_to_envelopes_in_output_order() -> None:
+    now = time.time()
+    rows = received_rows(
+        [
+            ("B0C9", 0, '{"NServiceBus.MessageId":"a"}', b"x", 60_000),
+            ("A1F2", 1, '{"NServiceBus.MessageId":"b"}', None, -10),
+            ("C3D4", 0, "not json", b"p", None),
+        ]
+    )
+    assert [r.native_id for r in rows] == ["B0C9", "A1F2", "C3D4"]
+    first = incoming(rows[0], now)
+    assert isinstance(first, Envelope) and first.expires_at == pytest.approx(now + 60)
+    assert rows[1].expired and rows[1].body == b""
+    poison = incoming(rows[2], now)
+    assert isinstance(poison, PoisonMessage) and poison.raw_headers == "not json"
+
+
+# -- through the transport, against a scripted connection -------------------------------------
+
+
+class ScriptedCursor:
+    def __init__(self, db: ScriptedConnection) -> None:
+        self._db = db
+        self._sets: list[list[tuple[Any, ...]] | None] = []
+        self.description: Any = None
+        self.rowcount = -1
+        self._rows: Iterator[tuple[Any, ...]] = iter(())
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> object:
+        self._db.log.append(("execute", sql, tuple(params)))
+        self._sets = list(self._db.answer(sql))
+        self._next()
+        return self
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> object:
+        for row in params:
+            self._db.log.append(("executemany", sql, tuple(row)))
+        return self
+
+    def _next(self) -> bool:
+        if not self._sets:
+            self.description = None
+            return False
+        result = self._sets.pop(0)
+        self.description = None if result is None else [("column",)]
+        self._rows = iter(result or ())
+        return True
+
+    def nextset(self) -> bool:
+        return self._next()
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return next(self._rows, None)
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return list(self._rows)
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedConnection:
+    """Answers like SQL Server would for the statements the transport sends."""
+
+    def __init__(self, recoverable: bool, receive: list[tuple[Any, ...]]) -> None:
+        self.log: list[tuple[str, str, tuple[Any, ...]]] = []
+        self.recoverable = recoverable
+        self.receive = receive
+
+    def answer(self, sql: str) -> list[list[tuple[Any, ...]] | None]:
+        if sql.startswith("SELECT COUNT(*) FROM") and "'Recoverable'" in sql:
+            return [[(1 if self.recoverable else 0,)]]
+        if sql.startswith("DECLARE @n int"):
+            rows, self.receive = self.receive, []
+            return [None, rows]  # a row count in front of the OUTPUT result set
+        return [None]
+
+    def cursor(self) -> ScriptedCursor:
+        return ScriptedCursor(self)
+
+    def commit(self) -> None:
+        self.log.append(("commit", "", ()))
+
+    def rollback(self) -> None:
+        self.log.append(("rollback", "", ()))
+
+    def close(self) -> None:
+        self.log.append(("close", "", ()))
+
+
+def scripted(monkeypatch: pytest.MonkeyPatch, db: ScriptedConnection) -> Transport:
+    def connect(self: SqlServerDialect) -> DbConnection:
+        return db
+
+    monkeypatch.setattr(SqlServerDialect, "connect", connect)
+    return Transport("legacy", config())
+
+
+async def test_send_writes_recoverable_only_when_the_column_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for recoverable, statement in ((True, "send"), (False, "send_without_recoverable")):
+        db = ScriptedConnection(recoverable, [])
+        transport = scripted(monkeypatch, db)
+        sink = transport.sink(TABLE)
+        try:
+            live = Envelope(Headers([("k", "v")]), b"x", expires_at=time.time() + 60)
+            await sink.send([live, Envelope(Headers(), b"")])
+            await sink.send([Envelope(Headers(), b"y")])
+        finally:
+            await transport.close()
+        probes = [entry for entry in db.log if "'Recoverable'" in entry[1]]
+        assert probes == [("execute", tsql.has_recoverable(CATALOG), (T,))]  # once per table
+        inserts = [entry for entry in db.log if entry[0] == "executemany"]
+        assert {sql for _, sql, _ in inserts} == {GOLDEN_DML[statement]}
+        assert [len(params) for _, _, params in inserts] == [4, 4, 4]
+        assert 59_000 < inserts[0][2][1] <= 60_000
+        assert [p[1:] for _, _, p in inserts[1:]] == [(None, "{}", b""), (None, "{}", b"y")]
+        assert [kind for kind, _, _ in db.log].count("commit") == 2
+
+
+async def test_receive_moves_poison_and_drops_expired_in_one_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [
+        ("ID-1", 0, '{"NServiceBus.MessageId":"a"}', b"x", 60_000),
+        ("ID-2", 1, '{"NServiceBus.MessageId":"b"}', b"y", -5),
+        ("ID-3", 0, "not json", b"p", None),
+    ]
+    db = ScriptedConnection(True, rows)
+    transport = scripted(monkeypatch, db)
+    source = transport.source(TABLE, error_queue="error")
+    try:
+        batch = await source.receive_batch(5, 1.0)
+        assert [m.message_id for m in batch.messages] == ["a"]
+        assert batch.expired == 1 and [p.native_id for p in batch.poison] == ["ID-3"]
+        await batch.commit()
+    finally:
+        await transport.close()
+    assert db.log[0] == ("execute", GOLDEN_DML["receive"], (5,))
+    moved = [entry for entry in db.log if entry[0] == "executemany"]
+    assert len(moved) == 1
+    _, sql, params = moved[0]
+    assert sql == tsql.send("[my]]db].[d.b o].[error]")
+    assert params[1:] == (None, "not json", b"p") and params[0] != "ID-3"
+    kinds = [kind for kind, _, _ in db.log]
+    assert kinds.index("executemany") < kinds.index("commit")
+
+
+async def test_an_unreachable_server_is_retriable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyodbc
+
+    def connect(self: SqlServerDialect) -> DbConnection:
+        raise pyodbc.OperationalError("08001", "[08001] TCP Provider: Error code 0x2749 (10057)")
+
+    monkeypatch.setattr(SqlServerDialect, "connect", connect)
+    transport = Transport("legacy", config())
+    try:
+        with pytest.raises(TransportUnavailable, match="sqlserver connection 'legacy'"):
+            await transport.check([TABLE])
+    finally:
+        await transport.close()
+
+
+def test_driver_errors_are_sorted_by_whether_they_go_away(dialect: SqlServerDialect) -> None:
+    import pyodbc
+
+    deadlock = pyodbc.Error("40001", "[40001] Transaction was deadlocked (1205)")
+    missing = pyodbc.ProgrammingError("42S02", "[42S02] Invalid object name 'x'. (208)")
+    timeout = pyodbc.OperationalError("HYT00", "[HYT00] Query timeout expired (0)")
+    assert isinstance(dialect.translate(deadlock), TransportUnavailable)
+    assert isinstance(dialect.translate(timeout), TransportUnavailable)
+    error = dialect.translate(missing)
+    assert isinstance(error, TransportError) and not error.retriable
+    assert dialect.translate(ValueError("not a driver error")) is None
