@@ -50,9 +50,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- dig "http" "port" 8080 .Values.routes | int }}
 {{- end }}
 
-{{/* routes.yaml as the pod reads it: .Values.routes with http bound to 0.0.0.0:<port>. */}}
+{{/*
+routes.yaml as the pod reads it: .Values.routes with http bound to 0.0.0.0:<port>, keeping only
+the connections some route uses. Helm merges a user's `routes.connections` map into the
+example's, so keeping every key would smuggle the example's connections (and their ${VAR}s)
+into the user's file; `routes.routes` is a list, which Helm replaces whole, so it decides.
+*/}}
 {{- define "bridge.routesYaml" -}}
 {{- $routes := deepCopy .Values.routes }}
+{{- $defined := $routes.connections | default dict }}
+{{- $used := dict }}
+{{- range $route := $routes.routes }}
+{{- range $end := list "from" "to" }}
+{{- $name := index $route $end "connection" }}
+{{- if not (hasKey $defined $name) }}
+{{- fail (printf "routes: route %q: %s names connection %q, which routes.connections does not define" $route.name $end $name) }}
+{{- end }}
+{{- $_ := set $used $name (index $defined $name) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $routes "connections" $used }}
 {{- $_ := set $routes "http" (dict "host" "0.0.0.0" "port" (include "bridge.httpPort" . | int)) }}
 {{- toYaml $routes }}
 {{- end }}
