@@ -505,3 +505,39 @@ def test_postgresql_refuses_table_names_over_55_bytes(pg_dsn: str) -> None:
         transport.sink("é" * 28)
     with pytest.raises(ConfigError, match="55"):
         transport.source("Sales", error_queue="x" * 56)
+
+
+def terminate_backends(pg_dsn: str, application_name: str) -> int:
+    """Kill the server side of every connection of one application."""
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,),
+        ).fetchall()
+    return len(rows)
+
+
+async def test_postgresql_connections_come_back_after_being_killed(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    connection = unique("shop")
+    transport = cast(SqlTransport, load(connection, postgres_config(pg_dsn, pg_schema)))
+    name = unique("Sales")
+    await transport.install([name])
+    sink, source = transport.sink(name), transport.source(name)
+    try:
+        await sink.send([message(1), message(2)])
+        batch = await source.receive_batch(1, 5.0)
+        assert ids(list(batch.messages)) == ["id-1"]
+        # the sink's, the source's and the one install used
+        assert terminate_backends(pg_dsn, f"bridge {connection}") == 3
+        with pytest.raises(TransportUnavailable):
+            await batch.commit()  # the server rolled the delete back
+        with pytest.raises(TransportUnavailable):
+            await sink.send([message(3)])
+        await sink.send([message(3)])  # a fresh connection
+        again = await source.receive_batch(10, 5.0)
+        assert ids(list(again.messages)) == ["id-1", "id-2", "id-3"]
+        await again.commit()
+    finally:
+        await transport.close()

@@ -10,7 +10,8 @@ Features
 
 Connection
     `{type: postgresql, dsn: "postgresql://...", schema: public}`; a DSN without
-    `connect_timeout` gets 10 seconds. Canonical address: `"public"."Sales"` (§6).
+    `connect_timeout` gets 10 seconds, one without `application_name` gets
+    `bridge <connection name>`. Canonical address: `"public"."Sales"` (§6).
 
 Limits
     Table names longer than 55 bytes are refused, as the real installer does (the `seq`
@@ -62,9 +63,13 @@ class PostgresDialect(Dialect):
         import psycopg
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        dsn = self.config.dsn
-        if "connect_timeout" not in conninfo_to_dict(dsn):
-            dsn = make_conninfo(dsn, connect_timeout=10)
+        given = conninfo_to_dict(self.config.dsn)
+        defaults = {
+            "connect_timeout": "10",
+            "application_name": f"bridge {self.connection_name}"[:63],
+        }
+        extra = {key: value for key, value in defaults.items() if key not in given}
+        dsn = make_conninfo(self.config.dsn, **extra)
         return cast(DbConnection, psycopg.connect(dsn, autocommit=False))
 
     def translate(self, exc: Exception) -> TransportError | None:

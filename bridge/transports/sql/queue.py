@@ -13,7 +13,8 @@ Expiry and poison
     `Batch.expired`. A row whose Headers cannot be read becomes a `PoisonMessage` (raw Headers,
     body) without holding up the rows behind it; with `error_queue` the source inserts it,
     unchanged but for a fresh Id, into that table in the same transaction, right before COMMIT.
-    Poison messages are listed in `Batch.poison` either way.
+    Poison messages are listed in `Batch.poison` either way; without `error_queue`, committing
+    deletes them and they are the caller's to keep.
 
 Polling
     With no rows waiting, a receive polls with a backoff from 10 ms to 250 ms until its timeout
