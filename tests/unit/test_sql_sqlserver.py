@@ -224,18 +224,12 @@ def test_quotes_in_names_are_doubled_inside_string_literals() -> None:
     assert "OBJECT_ID('[dbo].[it''s]')" in tsql.index_expires_count("[dbo].[it's]", None)
 
 
-def test_print_only_install_is_the_exact_ddl_without_a_driver() -> None:
-    import asyncio
-
+async def test_print_only_install_is_the_exact_ddl_without_a_driver() -> None:
     transport = Transport("legacy", config())
-
-    async def run() -> list[str]:
-        try:
-            return await transport.install([TABLE, TABLE], print_only=True)
-        finally:
-            await transport.close()
-
-    statements = asyncio.run(run())
+    try:
+        statements = await transport.install([TABLE, TABLE], print_only=True)
+    finally:
+        await transport.close()
     assert statements == [
         fill(SEED_CREATE_QUEUE),
         fill(GUARD_OPEN + CREATE_CHECKPOINTS + GUARD_CLOSE, "[my]]db].[d.b o].[BridgeCheckpoints]"),
@@ -411,12 +405,26 @@ class ScriptedCursor:
 class ScriptedConnection:
     """Answers like SQL Server would for the statements the transport sends."""
 
-    def __init__(self, recoverable: bool, receive: list[tuple[Any, ...]]) -> None:
+    def __init__(
+        self,
+        recoverable: bool,
+        receive: list[tuple[Any, ...]],
+        index_expires: int = 1,
+        headers_types: tuple[str, ...] = ("nvarchar", "sysname"),
+    ) -> None:
         self.log: list[tuple[str, str, tuple[Any, ...]]] = []
         self.recoverable = recoverable
         self.receive = receive
+        self.index_expires = index_expires
+        self.headers_types = headers_types
 
     def answer(self, sql: str) -> list[list[tuple[Any, ...]] | None]:
+        if sql == tsql.EXISTS:
+            return [[(1234,)]]
+        if "'Index_Expires'" in sql:
+            return [[(self.index_expires,)]]
+        if sql.startswith("SELECT t.name"):
+            return [[(name,) for name in self.headers_types]]
         if sql.startswith("SELECT COUNT(*) FROM") and "'Recoverable'" in sql:
             return [[(1 if self.recoverable else 0,)]]
         if sql.startswith("DECLARE @n int"):
@@ -494,6 +502,27 @@ async def test_receive_moves_poison_and_drops_expired_in_one_transaction(
     assert params[1:] == (None, "not json", b"p") and params[0] != "ID-3"
     kinds = [kind for kind, _, _ in db.log]
     assert kinds.index("executemany") < kinds.index("commit")
+
+
+async def test_check_warns_about_old_tables_with_the_transports_queries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    current = scripted(monkeypatch, ScriptedConnection(True, []))
+    try:
+        assert await current.check([TABLE]) == []
+    finally:
+        await current.close()
+    db = ScriptedConnection(True, [], index_expires=0, headers_types=("varchar",))
+    old = scripted(monkeypatch, db)
+    try:
+        warnings = await old.check([TABLE])
+    finally:
+        await old.close()
+    assert len(warnings) == 2
+    assert "Index_Expires" in warnings[0] and "varchar" in warnings[1]
+    executed = [sql for kind, sql, _ in db.log if kind == "execute"]
+    assert GOLDEN_CHECKS["index_expires_count"] in executed
+    assert GOLDEN_CHECKS["headers_type"] in executed
 
 
 async def test_an_unreachable_server_is_retriable(monkeypatch: pytest.MonkeyPatch) -> None:

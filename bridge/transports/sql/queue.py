@@ -75,7 +75,6 @@ class SqlSource:
 
     def __init__(self, dialect: Dialect, address: str, error_queue: str | None = None) -> None:
         self._dialect = dialect
-        self._address = address
         self._statements = dialect.queue_statements(address)
         self._error_queue = error_queue
         if error_queue is not None:
