@@ -67,7 +67,7 @@ def test_bad_config_exits_2_with_its_location(routes: Path) -> None:
     routes.write_text(routes.read_text().replace("queue: Sales}", "queue: Sales, colour: red}"))
     result = bridge("check", "-c", str(routes))
     assert result.returncode == 2
-    assert result.stderr.startswith(f"{routes}:5:"), result.stderr
+    assert result.stderr.startswith(f"{routes}:10:45: routes[0].from.colour"), result.stderr
     assert "unknown key 'colour'" in result.stderr
 
 
