@@ -12,10 +12,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
-from bridge.errors import TransportError
+from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow, QueueStatements
 
-__all__ = ["DbConnection", "DbCursor", "Dialect"]
+__all__ = ["DbConnection", "DbCursor", "Dialect", "double_quote", "scalar"]
 
 
 class DbCursor(Protocol):
@@ -117,3 +117,21 @@ class Dialect(ABC):
 
     def describe(self) -> str:
         return f"{self.kind} connection {self.connection_name!r}"
+
+
+def double_quote(identifier: str) -> str:
+    """A standard SQL quoted identifier, `"name"` with `"` doubled (PostgreSQL, SQLite)."""
+    if not identifier or "\x00" in identifier:
+        raise ConfigError(f"invalid SQL identifier {identifier!r}")
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def scalar(db: DbConnection, statement: str, params: Sequence[Any] = ()) -> Any:
+    """The first column of the first row of `statement`, or None when it returns no row."""
+    cursor = db.cursor()
+    if params:
+        cursor.execute(statement, params)
+    else:
+        cursor.execute(statement)
+    row = cursor.fetchone()
+    return None if row is None else row[0]

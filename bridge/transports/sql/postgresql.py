@@ -28,22 +28,15 @@ from typing import cast
 
 from bridge.config.models import PostgresConnection
 from bridge.errors import ConfigError, TransportError
-from bridge.transports.sql.dialect import DbConnection, Dialect
+from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import postgresql_error
 from bridge.transports.sql.layout import CheckpointStatements, QueueStatements
 from bridge.transports.sql.queue import SqlTransport
 
-__all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport", "quote"]
+__all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport"]
 
 MAX_TABLE_NAME_BYTES = 55
 _NOW = "(now() AT TIME ZONE 'UTC')"
-
-
-def quote(identifier: str) -> str:
-    """`"name"` with `"` doubled."""
-    if not identifier or "\x00" in identifier:
-        raise ConfigError(f"invalid PostgreSQL identifier {identifier!r}")
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 def _placeholder_safe(name: str) -> str:
@@ -85,10 +78,10 @@ class PostgresDialect(Dialect):
                 f"PostgreSQL queue table name {name!r} is {size} bytes long; "
                 f"the NServiceBus PostgreSQL transport allows at most {MAX_TABLE_NAME_BYTES}"
             )
-        return f"{quote(self.schema)}.{quote(name)}"
+        return f"{double_quote(self.schema)}.{double_quote(name)}"
 
     def canonical_address(self, name: str) -> str:
-        return f"{quote(self.schema)}.{quote(name)}"
+        return f"{double_quote(self.schema)}.{double_quote(name)}"
 
     def queue_statements(self, name: str) -> QueueStatements:
         t = self.table(name)
@@ -100,7 +93,7 @@ class PostgresDialect(Dialect):
                 "  Id uuid NOT NULL PRIMARY KEY, Expires TIMESTAMP, Headers TEXT NOT NULL, "
                 "Body BYTEA,\n"
                 "  Seq serial NOT NULL UNIQUE)",
-                f"CREATE INDEX IF NOT EXISTS {quote(name + '_expires')} ON {t} (expires)"
+                f"CREATE INDEX IF NOT EXISTS {double_quote(name + '_expires')} ON {t} (expires)"
                 " WHERE expires IS NOT NULL",
             ),
             send=(
@@ -125,7 +118,7 @@ class PostgresDialect(Dialect):
         )
 
     def checkpoint_statements(self) -> CheckpointStatements:
-        t = f"{quote(self.schema)}.{quote('BridgeCheckpoints')}"
+        t = f"{double_quote(self.schema)}.{double_quote('BridgeCheckpoints')}"
         return CheckpointStatements(
             table="BridgeCheckpoints",
             create=(
@@ -141,12 +134,8 @@ class PostgresDialect(Dialect):
         )
 
     def table_exists(self, db: DbConnection, name: str) -> bool:
-        cursor = db.cursor()
-        cursor.execute(
-            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s",
-            (self.schema, name),
-        )
-        return cursor.fetchone() is not None
+        query = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s"
+        return scalar(db, query, (self.schema, name)) is not None
 
 
 class Transport(SqlTransport):

@@ -41,7 +41,7 @@ from bridge.errors import HeadersFormatError, SettleError, TransportError
 from bridge.protocols import Checkpoint, CheckpointStore
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect
+from bridge.transports.sql.dialect import DbConnection, Dialect, scalar
 from bridge.transports.sql.layout import incoming, outgoing, poison_copy, received_rows
 from bridge.wireformat import parse_timestamp
 
@@ -335,14 +335,12 @@ class SqlTransport:
     def _peek(self, address: str, db: DbConnection) -> QueueDepth:
         statements = self.dialect.queue_statements(address)
         try:
-            cursor = db.cursor()
-            depth = _scalar(cursor, statements.depth)
-            cursor.execute(statements.oldest)
-            oldest = cursor.fetchone()
-            expired = _scalar(cursor, statements.expired)
+            depth = int(scalar(db, statements.depth) or 0)
+            oldest = scalar(db, statements.oldest)
+            expired = int(scalar(db, statements.expired) or 0)
         finally:
             db.rollback()
-        age = _age_seconds(oldest[0], time.time()) if oldest is not None else None
+        age = _age_seconds(oldest, time.time())
         return QueueDepth(depth=depth, oldest_age_seconds=age, expired=expired)
 
 
@@ -355,12 +353,6 @@ def _execute_each(statements: Sequence[str], db: DbConnection) -> None:
     for statement in statements:
         cursor.execute(statement)
         db.commit()
-
-
-def _scalar(cursor: DbCursor, statement: str) -> int:
-    cursor.execute(statement)
-    row = cursor.fetchone()
-    return int(row[0]) if row is not None and row[0] is not None else 0
 
 
 def _age_seconds(raw_headers: str | bytes | None, now: float) -> float | None:

@@ -27,23 +27,16 @@ import sqlite3
 from typing import cast
 
 from bridge.config.models import SqliteConnection
-from bridge.errors import ConfigError, TransportError
-from bridge.transports.sql.dialect import DbConnection, Dialect
+from bridge.errors import TransportError
+from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import sqlite_error
 from bridge.transports.sql.layout import CheckpointStatements, QueueStatements
 from bridge.transports.sql.queue import SqlTransport
 
-__all__ = ["SqliteDialect", "Transport", "quote"]
+__all__ = ["SqliteDialect", "Transport"]
 
 _NOW = "julianday('now')"
 _EXPIRED = f"expires IS NOT NULL AND julianday(expires) <= {_NOW}"
-
-
-def quote(identifier: str) -> str:
-    """`"name"` with `"` doubled."""
-    if not identifier or "\x00" in identifier:
-        raise ConfigError(f"invalid SQLite table name {identifier!r}")
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 class SqliteDialect(Dialect):
@@ -72,13 +65,13 @@ class SqliteDialect(Dialect):
         db.cursor().execute("BEGIN IMMEDIATE")
 
     def table(self, name: str) -> str:
-        return quote(name)
+        return double_quote(name)
 
     def canonical_address(self, name: str) -> str:
-        return f'"main".{quote(name)}'
+        return f'"main".{double_quote(name)}'
 
     def queue_statements(self, name: str) -> QueueStatements:
-        t = quote(name)
+        t = double_quote(name)
         return QueueStatements(
             create=(
                 f"CREATE TABLE IF NOT EXISTS {t} (\n"
@@ -108,7 +101,7 @@ class SqliteDialect(Dialect):
         )
 
     def checkpoint_statements(self) -> CheckpointStatements:
-        t = quote("BridgeCheckpoints")
+        t = double_quote("BridgeCheckpoints")
         return CheckpointStatements(
             table="BridgeCheckpoints",
             create=(
@@ -125,9 +118,8 @@ class SqliteDialect(Dialect):
         )
 
     def table_exists(self, db: DbConnection, name: str) -> bool:
-        cursor = db.cursor()
-        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
-        return cursor.fetchone() is not None
+        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+        return scalar(db, query, (name,)) is not None
 
 
 class Transport(SqlTransport):

@@ -34,7 +34,7 @@ from typing import Any, cast
 from bridge.config.models import SqlServerConnection
 from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql import tsql
-from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect
+from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
 from bridge.transports.sql.errors import sqlserver_error
 from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow, QueueStatements
 from bridge.transports.sql.queue import SqlTransport
@@ -100,13 +100,13 @@ class SqlServerDialect(Dialect):
         )
 
     def table_exists(self, db: DbConnection, name: str) -> bool:
-        return _scalar(db, tsql.EXISTS, (self.table(name),)) is not None
+        return scalar(db, tsql.EXISTS, (self.table(name),)) is not None
 
     def send_statement(self, db: DbConnection, name: str) -> str:
         t = self.table(name)
         recoverable = self._recoverable.get(name)
         if recoverable is None:
-            found = _scalar(db, tsql.has_recoverable(self.catalog), (t,))
+            found = scalar(db, tsql.has_recoverable(self.catalog), (t,))
             recoverable = self._recoverable[name] = bool(found)
         return tsql.send(t) if recoverable else tsql.send_without_recoverable(t)
 
@@ -117,7 +117,7 @@ class SqlServerDialect(Dialect):
     def warnings(self, db: DbConnection, name: str) -> list[str]:
         t = self.table(name)
         found: list[str] = []
-        if not _scalar(db, tsql.index_expires_count(t, self.catalog)):
+        if not scalar(db, tsql.index_expires_count(t, self.catalog)):
             found.append(
                 f"{t} has no Index_Expires index: purging and counting expired messages scans "
                 "the whole table (see the NServiceBus SQL Server transport upgrade guide)"
@@ -131,16 +131,6 @@ class SqlServerDialect(Dialect):
                 "the database code page are mangled; change the column to nvarchar(max)"
             )
         return found
-
-
-def _scalar(db: DbConnection, statement: str, params: Sequence[Any] = ()) -> Any:
-    cursor = db.cursor()
-    if params:
-        cursor.execute(statement, params)
-    else:
-        cursor.execute(statement)
-    row = cursor.fetchone()
-    return None if row is None else row[0]
 
 
 class Transport(SqlTransport):
