@@ -37,6 +37,7 @@ __all__ = [
     "ReceivedBatch",
     "Sink",
     "Source",
+    "TransactionalSource",
     "Transport",
 ]
 
@@ -80,6 +81,14 @@ class Sink(Protocol):
     ) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class TransactionalSource(Source, Protocol):
+    """A source that can write to another address of its own store inside each batch's
+    transaction (SQL tables of one database): the route becomes one atomic move."""
+
+    def sink_in_transaction(self, address: str) -> Sink: ...
 
 
 @runtime_checkable

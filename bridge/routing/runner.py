@@ -36,8 +36,8 @@ __all__ = ["RouteRunner", "RouteStats"]
 
 log = logging.getLogger("bridge.route")
 
-SourceFactory = Callable[[Sink], Source]
-SinkFactory = Callable[[], Sink]
+#: Opens one loop's own source and sink (each loop has its own connections).
+Endpoints = Callable[[], tuple[Source, Sink]]
 
 
 @dataclass
@@ -59,8 +59,7 @@ class RouteRunner:
     def __init__(
         self,
         route: Route,
-        source_factory: SourceFactory,
-        sink_factory: SinkFactory,
+        endpoints: Endpoints,
         *,
         poll_timeout: float = 1.0,
         stop_on_fatal: bool = False,
@@ -68,8 +67,7 @@ class RouteRunner:
         tracing: RouteTracing | None = None,
     ) -> None:
         self.route = route
-        self._source_factory = source_factory
-        self._sink_factory = sink_factory
+        self._endpoints = endpoints
         self._poll_timeout = poll_timeout
         self._stop_on_fatal = stop_on_fatal
         self._translate = Translator(route)
@@ -107,8 +105,7 @@ class RouteRunner:
             self.stats.state = state
 
     async def _loop(self, index: int) -> None:
-        sink = self._sink_factory()
-        source = self._source_factory(sink)
+        source, sink = self._endpoints()
         backoff = Backoff()
         try:
             while not self._stopping.is_set():

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Sequence
 
 from bridge.config.models import BridgeConfig, Route
-from bridge.protocols import CheckpointStore, Sink, Source, Transport
+from bridge.protocols import CheckpointStore, Sink, Source, TransactionalSource, Transport
 from bridge.routing.health import HealthServer
 from bridge.routing.runner import RouteRunner
 from bridge.telemetry.metrics import Metrics
@@ -53,10 +53,15 @@ class Supervisor:
         source_transport = self._transport(route.from_.connection)
         sink_transport = self._transport(route.to.connection)
 
-        def sink_factory() -> Sink:
-            return sink_transport.sink(route.to.address, key=route.key)
-
-        def source_factory(sink: Sink) -> Source:
+        def endpoints() -> tuple[Source, Sink]:
+            if route.from_.connection == route.to.connection:
+                source = source_transport.source(
+                    route.from_.address, error_queue=route.error_queue_name
+                )
+                if isinstance(source, TransactionalSource):
+                    return source, source.sink_in_transaction(route.to.address)
+                return source, source_transport.sink(route.to.address, key=route.key)
+            sink = sink_transport.sink(route.to.address, key=route.key)
             # A sink that stores source positions with its rows makes the route exactly-once.
             store = sink if isinstance(sink, CheckpointStore) else None
             return source_transport.source(
@@ -64,12 +69,11 @@ class Supervisor:
                 group=route.from_.group,
                 error_queue=route.error_queue_name,
                 checkpoint_store=store,
-            )
+            ), sink
 
         return RouteRunner(
             route,
-            source_factory,
-            sink_factory,
+            endpoints,
             poll_timeout=self.poll_timeout,
             stop_on_fatal=self.until_idle is not None,
             metrics=self.metrics.for_route(route.name),

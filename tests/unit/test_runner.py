@@ -63,15 +63,11 @@ async def run_until(runner: RouteRunner, condition: object, timeout: float = 10.
 
 
 def runner_for(route: Route, transport: Transport, sink: Sink | None = None) -> RouteRunner:
-    def source_factory(_: Sink) -> Source:
-        return transport.source(route.from_.address, error_queue=route.error_queue_name)
+    def endpoints() -> tuple[Source, Sink]:
+        source = transport.source(route.from_.address, error_queue=route.error_queue_name)
+        return source, sink or transport.sink(route.to.address)
 
-    return RouteRunner(
-        route,
-        source_factory,
-        lambda: sink or transport.sink(route.to.address),
-        poll_timeout=0.05,
-    )
+    return RouteRunner(route, endpoints, poll_timeout=0.05)
 
 
 async def test_forwards_everything_in_order_and_empties_the_source() -> None:
@@ -152,8 +148,7 @@ async def test_non_retriable_failure_in_drain_mode_stops_the_route_without_loss(
     sink = FlakySink(transport.sink(route.to.address), 99, TransportError("bad"))
     runner = RouteRunner(
         route,
-        lambda _: transport.source(route.from_.address),
-        lambda: sink,
+        lambda: (transport.source(route.from_.address), sink),
         poll_timeout=0.05,
         stop_on_fatal=True,
     )

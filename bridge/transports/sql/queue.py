@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
-from bridge.batch import Batch
+from bridge.batch import Batch, Rejected
+from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, SettleError, TransportError
 from bridge.protocols import Checkpoint, CheckpointStore
@@ -75,6 +76,7 @@ class SqlSource:
 
     def __init__(self, dialect: Dialect, address: str, error_queue: str | None = None) -> None:
         self._dialect = dialect
+        self._address = address
         self._statements = dialect.queue_statements(address)
         self._error_queue = error_queue
         if error_queue is not None:
@@ -102,6 +104,12 @@ class SqlSource:
 
     async def close(self) -> None:
         await self._connection.close()
+
+    def sink_in_transaction(self, address: str) -> SqlSink:
+        """A sink into another table of this database that writes inside each received batch's
+        transaction: the batch's commit moves the rows atomically (exactly-once), and a route
+        between two tables of one SQLite file cannot wait on its own write lock."""
+        return SqlSink(self._dialect, address, borrowed=self._connection)
 
     async def _take(self, max_messages: int) -> _Taken | None:
         try:
@@ -134,10 +142,11 @@ class SqlSource:
 
     def _batch(self, taken: _Taken) -> Batch:
         self._holding = True
+        rejected: list[Rejected] = []
 
         async def commit() -> None:
             try:
-                await self._connection.run(partial(self._commit, taken.poison))
+                await self._connection.run(partial(self._commit, taken.poison, rejected))
             finally:
                 self._holding = False
 
@@ -153,26 +162,43 @@ class SqlSource:
             expired=taken.expired,
             on_commit=commit,
             on_abort=abort,
+            rejected=rejected,
         )
 
-    def _commit(self, poison: Sequence[PoisonMessage], db: DbConnection) -> None:
-        if poison and self._error_queue is not None:
+    def _commit(
+        self, poison: Sequence[PoisonMessage], rejected: Sequence[Rejected], db: DbConnection
+    ) -> None:
+        if rejected and self._error_queue is None:
+            db.rollback()
+            raise TransportError("messages were rejected but this source has no error queue")
+        if (poison or rejected) and self._error_queue is not None:
             statement = self._dialect.send_statement(db, self._error_queue)
+            failed_q = self._dialect.canonical_address(self._address)
+            now = time.time()
             rows = [self._dialect.send_params(poison_copy(p)) for p in poison]
+            rows += [
+                self._dialect.send_params(outgoing(error_copy(r.envelope, r.error, failed_q), now))
+                for r in rejected
+            ]
             db.cursor().executemany(statement, rows)
         db.commit()
 
 
 class SqlSink:
-    """Inserts envelopes as an NServiceBus endpoint would; one transaction per `send`."""
+    """Inserts envelopes as an NServiceBus endpoint would; one transaction per `send`.
 
-    def __init__(self, dialect: Dialect, address: str) -> None:
+    A sink on a `borrowed` connection (`SqlSource.sink_in_transaction`) writes into the
+    transaction its source has open and leaves the commit to that source's batch.
+    """
+
+    def __init__(self, dialect: Dialect, address: str, borrowed: Connection | None = None) -> None:
         self._dialect = dialect
         self._address = address
         dialect.table(address)
         self._checkpoints = dialect.checkpoint_statements()
         self._checkpoint_table_ready = False
-        self._connection = Connection(dialect)
+        self._borrowed = borrowed is not None
+        self._connection = borrowed or Connection(dialect)
 
     async def send(
         self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
@@ -187,7 +213,8 @@ class SqlSink:
         return await self._connection.run(partial(self._load_checkpoint, prefix))
 
     async def close(self) -> None:
-        await self._connection.close()
+        if not self._borrowed:
+            await self._connection.close()
 
     def _insert(
         self, envelopes: list[Envelope], positions: list[tuple[str, int]], db: DbConnection
@@ -197,13 +224,15 @@ class SqlSink:
         statement = self._dialect.send_statement(db, self._address)
         now = time.time()
         rows = [self._dialect.send_params(outgoing(envelope, now)) for envelope in envelopes]
-        self._dialect.begin(db)
+        if not self._borrowed:
+            self._dialect.begin(db)
         cursor = db.cursor()
         if rows:
             cursor.executemany(statement, rows)
         if positions:
             cursor.executemany(self._checkpoints.upsert, positions)
-        db.commit()
+        if not self._borrowed:
+            db.commit()
 
     def _create_checkpoint_table(self, db: DbConnection) -> None:
         if not self._dialect.table_exists(db, self._checkpoints.table):
