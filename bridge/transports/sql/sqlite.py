@@ -15,7 +15,8 @@ Connection
 Limits
     SQLite has one writer at a time: a received batch holds the write lock until it is settled,
     so other receivers and senders on the same file wait (up to `busy_timeout`). A route whose
-    source and destination are the same file therefore cannot make progress: use two files.
+    source and destination are tables of the same file writes inside the receive transaction
+    (`SqlSource.sink_in_transaction`), so it never waits on its own lock.
 
 Errors
     Busy/locked, I/O, disk-full and cannot-open are retriable; the rest are not.
