@@ -1,0 +1,372 @@
+"""The AMQP message codec (wire-format §7): `to_amqp` is the inverse of `from_amqp`.
+
+Written as an NServiceBus RabbitMQ 11 endpoint writes it: `message_id` = `NServiceBus.MessageId`
+(required: an envelope without one raises `MessageRejected`); `delivery_mode` 2, or 1 when the
+header `NServiceBus.Transport.RabbitMQ.UseNonPersistentDelivery` is present (it is not written);
+`correlation_id`, `reply_to` and `content_type` from their headers (`application/octet-stream`
+when there is no content type); `type` = `NServiceBus.EnclosedMessageTypes` up to the first
+comma; the body as is; and every header in the `headers` table, values as AMQP long strings.
+
+Time to live: an envelope with `expires_at` is sent with `expiration` = the remaining lifetime in
+whole milliseconds (at least 1: an expired envelope still goes out, the runner drops those
+before), `NServiceBus.TimeToBeReceived` rewritten to that same remaining lifetime, and
+`timestamp` = the send time (whole seconds). On read, `expires_at` = send time + lifetime, where
+the send time is the `timestamp` property, else the `NServiceBus.TimeSent` header, and the
+lifetime is the TimeToBeReceived header, else the `expiration` property; without both it is
+None. RabbitMQ never tells how long a message waited, so `expiration` alone cannot give the
+remaining lifetime; a bridge-written message reads back within half a second (`timestamp` has
+whole seconds).
+
+Null and order: AMQP tables have no null string and quorum queues hand tables back sorted by
+name, so an envelope whose header order is not already sorted, or that has a null value, also
+carries `NServiceBus.Bridge.HeaderLayout`, a JSON object `{"order": [names], "null": [names]}`.
+A null value is written as AMQP void (what the .NET client writes for a null string). On read
+the layout header is removed, names it lists come first in its order, the rest follow as
+received, and void is None for a name the layout lists as null and "" otherwise (wire-format
+§7: a null an endpoint wrote becomes ""). Repeated names collapse, the last value wins at the
+first position (`Headers.to_dict`).
+
+Read: properties `reply_to`, `correlation_id` and `content_type` overwrite their headers when
+they differ from what the headers would have produced (a `content_type` of
+`application/octet-stream` over no header adds none); `delivery_mode` 1 sets
+UseNonPersistentDelivery to "True" (its value is not carried, only its presence); `type` fills
+`NServiceBus.EnclosedMessageTypes` when that header is missing and `message_id` fills
+`NServiceBus.MessageId` (a message with neither is poison). Values that are not strings are
+rendered as NServiceBus renders them: byte arrays as UTF-8, booleans `True`/`False`, numbers in
+invariant form, timestamps in the NServiceBus wire format, tables `k=v,k=v`, arrays `a;b`.
+Removed on read: `x-death*`, `x-first-death-*`, `x-last-death-*`, `x-delivery-count`,
+`NServiceBus.Transport.RabbitMQ.DelayInSeconds` and `...ConfirmationId`. A header name or value
+that is not UTF-8 raises `HeadersFormatError` (the source makes the message a `PoisonMessage`).
+
+Lossy, on purpose: the AMQP properties the mapping does not name (`priority`, `app_id`,
+`user_id`, `cluster_id`, `content_encoding`) are not read; UseNonPersistentDelivery comes back
+as "True"; repeated header names collapse; a TimeToBeReceived header on an envelope without
+`expires_at` is carried as is, without `expiration`.
+"""
+
+from __future__ import annotations
+
+import decimal
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pika
+
+from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
+from bridge.errors import HeadersFormatError, MessageRejected
+from bridge.wireformat import format_timespan, format_timestamp, parse_timespan, parse_timestamp
+
+__all__ = [
+    "CONFIRMATION_ID",
+    "CONTENT_TYPE",
+    "CORRELATION_ID",
+    "DEFAULT_CONTENT_TYPE",
+    "DELAY_IN_SECONDS",
+    "ENCLOSED_MESSAGE_TYPES",
+    "FRAME_MAX",
+    "LAYOUT",
+    "NON_PERSISTENT",
+    "POISON_ID_NAMESPACE",
+    "REPLY_TO",
+    "TIME_SENT",
+    "error_properties",
+    "from_amqp",
+    "poison_from_amqp",
+    "to_amqp",
+]
+
+CORRELATION_ID = "NServiceBus.CorrelationId"
+REPLY_TO = "NServiceBus.ReplyToAddress"
+CONTENT_TYPE = "NServiceBus.ContentType"
+ENCLOSED_MESSAGE_TYPES = "NServiceBus.EnclosedMessageTypes"
+TIME_SENT = "NServiceBus.TimeSent"
+NON_PERSISTENT = "NServiceBus.Transport.RabbitMQ.UseNonPersistentDelivery"
+DELAY_IN_SECONDS = "NServiceBus.Transport.RabbitMQ.DelayInSeconds"
+CONFIRMATION_ID = "NServiceBus.Transport.RabbitMQ.ConfirmationId"
+LAYOUT = "NServiceBus.Bridge.HeaderLayout"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+#: AMQP's default (and RabbitMQ's) largest frame; the properties must fit in one.
+FRAME_MAX = 131_072
+
+#: Fixed forever: the id an error-queue copy of a message without any id gets.
+POISON_ID_NAMESPACE = uuid.UUID("3c1f7e52-9a4d-5b8e-a2f6-7d0c4e9b1a38")
+
+_STRIPPED = frozenset({"x-delivery-count", DELAY_IN_SECONDS, CONFIRMATION_ID})
+_STRIPPED_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
+_SHORT_STRING = 255
+#: Frame header and end (8), content header class, weight, body size and flags (14).
+_FRAME_OVERHEAD = 22
+#: A lifetime this long means "never expires" (TimeSpan.MaxValue is ~29,000 years).
+_FOREVER = timedelta(days=365 * 1000)
+_MISSING: Any = object()
+
+
+def _stripped(name: str) -> bool:
+    return name in _STRIPPED or name.startswith(_STRIPPED_PREFIXES)
+
+
+def _short(what: str, value: str) -> int:
+    size = len(value.encode())
+    if size > _SHORT_STRING:
+        raise MessageRejected(f"{what} is {size} bytes; AMQP allows {_SHORT_STRING}")
+    return 1 + size
+
+
+def to_amqp(
+    envelope: Envelope, now: float, *, frame_max: int = FRAME_MAX
+) -> tuple[pika.BasicProperties, bytes]:
+    """Lay `envelope` out as an AMQP message sent at `now` (epoch seconds).
+
+    Raises `MessageRejected` (no index) for an envelope AMQP cannot carry: no message id, a
+    property or header name over 255 bytes, text that is not encodable as UTF-8, or properties
+    larger than one frame.
+    """
+    headers = envelope.headers.to_dict()
+    message_id = headers.get(MESSAGE_ID)
+    if message_id is None or not message_id.strip():
+        raise MessageRejected(f"{MESSAGE_ID} is missing; RabbitMQ endpoints require a message id")
+    expiration: str | None = None
+    timestamp: int | None = None
+    if envelope.expires_at is not None:
+        remaining_ms = max(1, math.floor((envelope.expires_at - now) * 1000))
+        expiration = str(remaining_ms)
+        timestamp = round(now)
+        headers[TIME_TO_BE_RECEIVED] = format_timespan(timedelta(milliseconds=remaining_ms))
+    order = list(headers)
+    persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
+    nulls = [name for name, value in headers.items() if value is None]
+    table: dict[str, str | None] = dict(headers)
+    if nulls or order != sorted(order, key=str.encode):
+        layout = {"order": order, "null": nulls} if nulls else {"order": order}
+        table[LAYOUT] = json.dumps(layout, ensure_ascii=False, separators=(",", ":"))
+    enclosed = headers.get(ENCLOSED_MESSAGE_TYPES)
+    content_type = headers.get(CONTENT_TYPE)
+    properties = pika.BasicProperties(
+        content_type=DEFAULT_CONTENT_TYPE if content_type is None else content_type,
+        headers=table,
+        delivery_mode=2 if persistent else 1,
+        correlation_id=headers.get(CORRELATION_ID),
+        reply_to=headers.get(REPLY_TO),
+        expiration=expiration,
+        message_id=message_id,
+        timestamp=timestamp,
+        type=None if enclosed is None else enclosed.split(",", 1)[0],
+    )
+    try:
+        size = _properties_size(properties)
+    except UnicodeEncodeError as exc:
+        raise MessageRejected(f"a header is not encodable as UTF-8: {exc}") from exc
+    if size + _FRAME_OVERHEAD > frame_max:
+        raise MessageRejected(
+            f"properties and headers take {size} bytes; one AMQP frame holds {frame_max}"
+        )
+    return properties, envelope.body
+
+
+def _properties_size(properties: pika.BasicProperties) -> int:
+    """Bytes the properties take in a content header frame; checks AMQP's length limits."""
+    size = 0
+    for what in ("content_type", "correlation_id", "reply_to", "expiration", "message_id", "type"):
+        value = getattr(properties, what)
+        if value is not None:
+            size += _short(what, value)
+    size += 1  # delivery_mode
+    if properties.timestamp is not None:
+        size += 8
+    size += 4  # the table's length
+    for name, value in (properties.headers or {}).items():
+        size += _short(f"header name {name[:40]!r}...", name) + 1
+        if value is not None:
+            size += 4 + len(value.encode())
+    return size
+
+
+def _text(value: object) -> str | None:
+    """An AMQP field value as the string NServiceBus makes of it (None for void)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError as exc:
+            raise HeadersFormatError(f"a header value is not UTF-8: {exc}") from exc
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime):
+        return format_timestamp(value)
+    if isinstance(value, dict):
+        return ",".join(f"{_name(k)}={_text(v) or ''}" for k, v in value.items())
+    if isinstance(value, list):
+        return ";".join(_text(v) or "" for v in value)
+    return str(value)
+
+
+def _name(name: str | bytes) -> str:
+    if isinstance(name, bytes):
+        raise HeadersFormatError(f"a header name is not UTF-8: {name!r}")
+    return name
+
+
+def _layout(raw: object) -> tuple[list[str], set[str]]:
+    """Names in their written order and the names written as null; empty when unreadable."""
+    try:
+        layout = json.loads(_text(raw) or "")
+        order, nulls = layout.get("order", []), layout.get("null", [])
+    except (ValueError, AttributeError, HeadersFormatError):
+        return [], set()
+    if not isinstance(order, list) or not isinstance(nulls, list):
+        return [], set()
+    return [n for n in order if isinstance(n, str)], {n for n in nulls if isinstance(n, str)}
+
+
+def _overwrite(items: dict[str, str | None], name: str, value: str | None) -> None:
+    if value is not None and items.get(name) != value:
+        items[name] = value
+
+
+def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
+    """The envelope an AMQP message carries; raise HeadersFormatError when it is poison."""
+    table: dict[str | bytes, object] = properties.headers or {}
+    order, nulls = _layout(table.get(LAYOUT))
+    items: dict[str, str | None] = {}
+    for raw_name, value in table.items():
+        name = _name(raw_name)
+        if name == LAYOUT or _stripped(name):
+            continue
+        text = _text(value)
+        items[name] = text if text is not None or name in nulls else ""
+    _overwrite(items, REPLY_TO, properties.reply_to)
+    _overwrite(items, CORRELATION_ID, properties.correlation_id)
+    content_type = properties.content_type
+    written = items.get(CONTENT_TYPE)
+    if content_type is not None and content_type != (
+        DEFAULT_CONTENT_TYPE if written is None else written
+    ):
+        items[CONTENT_TYPE] = content_type
+    if properties.delivery_mode == 1 and NON_PERSISTENT not in items:
+        items[NON_PERSISTENT] = "True"
+    if ENCLOSED_MESSAGE_TYPES not in items and properties.type is not None:
+        items[ENCLOSED_MESSAGE_TYPES] = properties.type
+    message_id = items.get(MESSAGE_ID)
+    if message_id is None or not message_id.strip():
+        native = properties.message_id
+        if native is None or not native.strip():
+            raise HeadersFormatError(
+                f"neither the message_id property nor an {MESSAGE_ID} header is set"
+            )
+        items[MESSAGE_ID] = native
+    if order:
+        placed = {name: items[name] for name in order if name in items}
+        placed.update(items)
+        items = placed
+    return Envelope(
+        Headers(items.items()),
+        body,
+        expires_at=_expires_at(properties, items),
+        native_id=properties.message_id,
+    )
+
+
+def _expires_at(properties: pika.BasicProperties, items: dict[str, str | None]) -> float | None:
+    sent: float | None = None
+    if isinstance(properties.timestamp, int):
+        sent = float(properties.timestamp)
+    elif items.get(TIME_SENT):
+        try:
+            sent = parse_timestamp(items[TIME_SENT] or "").timestamp()
+        except ValueError:
+            sent = None
+    lifetime: timedelta | None = None
+    if items.get(TIME_TO_BE_RECEIVED):
+        try:
+            lifetime = parse_timespan(items[TIME_TO_BE_RECEIVED] or "")
+        except ValueError:
+            lifetime = None
+    elif properties.expiration is not None and properties.expiration.isdigit():
+        lifetime = timedelta(milliseconds=int(properties.expiration))
+    if sent is None or lifetime is None or lifetime >= _FOREVER:
+        return None
+    return sent + lifetime.total_seconds()
+
+
+def _readable(value: object) -> str | None:
+    try:
+        return _text(value)
+    except HeadersFormatError:
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        return repr(value)
+
+
+def poison_from_amqp(
+    properties: pika.BasicProperties, body: bytes, error: BaseException
+) -> PoisonMessage:
+    """The poison message for an AMQP message `from_amqp` refused with `error`.
+
+    `headers` is what could be read (bytes decoded with replacement characters) and
+    `raw_headers` those as a JSON object; the source keeps the AMQP message itself for the
+    error queue, byte for byte.
+    """
+    readable: dict[str, str | None] = {}
+    for name, value in (properties.headers or {}).items():
+        key = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+        readable[key] = _readable(value)
+    if MESSAGE_ID not in readable and properties.message_id:
+        readable[MESSAGE_ID] = properties.message_id
+    return PoisonMessage(
+        raw_headers=json.dumps(readable, ensure_ascii=False),
+        body=body,
+        reason=str(error),
+        exception_type=type(error).__name__,
+        native_id=properties.message_id,
+        headers=Headers(readable.items()),
+    )
+
+
+def error_properties(
+    properties: pika.BasicProperties, body: bytes, failure: Sequence[tuple[str, str]]
+) -> pika.BasicProperties:
+    """The properties of a poison message's error-queue copy: every original property and header
+    unchanged, the failure headers ServiceControl reads added (replacing older ones), and, when
+    the message has no id at all, a deterministic one (uuid5 of its body and headers) as both
+    `message_id` and `NServiceBus.MessageId`, so ServicePulse can show and retry it.
+    """
+    table: dict[str | bytes, object] = dict(properties.headers or {})
+    message_id = properties.message_id
+    if not message_id and not _readable(table.get(MESSAGE_ID)):
+        digest = hashlib.sha256(body)
+        digest.update(repr(sorted((repr(k), repr(v)) for k, v in table.items())).encode())
+        message_id = str(uuid.uuid5(POISON_ID_NAMESPACE, digest.hexdigest()))
+        table[MESSAGE_ID] = message_id
+    table.update(failure)
+    copy = pika.BasicProperties(
+        **{name: getattr(properties, name) for name in _PROPERTY_NAMES},
+    )
+    copy.headers = table
+    copy.message_id = message_id
+    return copy
+
+
+_PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)

@@ -1,0 +1,306 @@
+"""The RabbitMQ source: a consumer with prefetch; a batch is acknowledged only when committed.
+
+Guarantees
+    One consumer per source on its own connection (`connection.py`), `basic.qos` prefetch =
+    max(`prefetch`, the first `max_messages`), manual acknowledgements. `receive_batch` waits
+    up to `timeout` for the first delivery, then keeps gathering until it has `max_messages`
+    or no delivery arrived for `DELIVERY_PAUSE` seconds. `commit()` acknowledges the batch
+    (`basic.ack` of its last delivery tag with `multiple=True`); the runner calls it only after
+    the destination made the messages durable. `abort()` (or leaving the block) returns them
+    with `basic.nack(multiple=True, requeue=True)`, together with deliveries prefetched behind
+    them, so they come back in queue order; the order after a requeue is RabbitMQ's (classic and
+    quorum queues put returned messages back ahead of the rest). A lost connection or channel
+    returns every unacknowledged delivery to the queue; settling a batch received on a channel
+    that is gone raises `TransportUnavailable` (its messages will be delivered again).
+
+Poison
+    A message `headers.from_amqp` cannot read (no message id at all, a header that is not
+    UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is published
+    to `error_queue` (default `bridge.error`, on this connection, with publisher confirms)
+    byte for byte: body, properties and headers unchanged, plus the failure headers
+    ServiceControl reads (`bridge.deadletter.failure_headers`). Messages the runner rejected
+    with `batch.reject` go there as `bridge.deadletter.error_copy` makes them. Only then is the
+    batch acknowledged: a crash in between leaves a duplicate in the error queue, never a loss.
+
+What is lossy
+    Nothing at the source: a message leaves the queue only by an acknowledgement. Expired
+    messages are dropped by RabbitMQ itself (`expiration`), so `batch.expired` is always 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import pika
+
+from bridge.batch import Batch, Rejected
+from bridge.config.models import RabbitMQConnection
+from bridge.deadletter import error_copy, failure_headers
+from bridge.envelope import Envelope, PoisonMessage
+from bridge.errors import HeadersFormatError, MessageRejected, TransportError, TransportUnavailable
+from bridge.transports.rabbitmq.config import (
+    CONFIRM_TIMEOUT,
+    DELIVERY_PAUSE,
+    describe,
+    parameters,
+    publish_route,
+)
+from bridge.transports.rabbitmq.connection import Delivery, Done, Link, Message
+from bridge.transports.rabbitmq.headers import (
+    error_properties,
+    from_amqp,
+    poison_from_amqp,
+    to_amqp,
+)
+
+__all__ = ["DEFAULT_ERROR_QUEUE", "RabbitMQSource"]
+
+DEFAULT_ERROR_QUEUE = "bridge.error"
+
+_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+
+
+class _Inbox:
+    """Deliveries handed over by the ioloop thread, waited for on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[Delivery] = deque()
+        self._arrived = asyncio.Event()
+        self._lock = threading.Lock()
+        self._wake_pending = False
+        self.cancelled_epoch = 0
+
+    def put(self, delivery: Delivery) -> None:
+        """On the ioloop thread: queue one delivery and wake the event loop (once per burst)."""
+        self._items.append(delivery)
+        with self._lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        with contextlib.suppress(RuntimeError):  # the event loop is closed
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+        self._arrived.set()
+
+    def count(self, epoch: int) -> int:
+        """Deliveries of channel `epoch` waiting; those of an older channel are dropped."""
+        while self._items and self._items[0].epoch != epoch:
+            self._items.popleft()  # the broker put it back when that channel closed
+        return len(self._items)
+
+    async def wait_for_more(self, epoch: int, seen: int, timeout: float) -> bool:
+        """Wait until more than `seen` deliveries wait; False when `timeout` passes first."""
+        deadline = self._loop.time() + timeout
+        while self.count(epoch) <= seen:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return False
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        return True
+
+    def take(self, epoch: int, limit: int) -> list[Delivery]:
+        self.count(epoch)
+        return [self._items.popleft() for _ in range(min(limit, len(self._items)))]
+
+
+@dataclass(eq=False)
+class _Held:
+    """Delivery tags of one unsettled batch."""
+
+    epoch: int
+    tags: list[int]
+
+
+class RabbitMQSource:
+    def __init__(
+        self, config: RabbitMQConnection, name: str, address: str, error_queue: str | None
+    ) -> None:
+        self.address = address
+        self.error_queue = error_queue or DEFAULT_ERROR_QUEUE
+        self._config = config
+        self._name = name
+        self._where = f"{describe(name)}, queue {address!r}"
+        self._link = Link(parameters(config, name, "source"), self._where)
+        self._errors: Link | None = None
+        self._inbox: _Inbox | None = None
+        self._consumer_epoch = 0
+        self._prefetch = 0
+        self._held: list[_Held] = []
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
+        if self._inbox is None:
+            self._inbox = _Inbox(asyncio.get_running_loop())
+        inbox = self._inbox
+        epoch = await self._consume(inbox, max_messages)
+        if not await inbox.wait_for_more(epoch, 0, timeout):
+            return Batch()
+        while inbox.count(epoch) < max_messages:
+            if not await inbox.wait_for_more(epoch, inbox.count(epoch), DELIVERY_PAUSE):
+                break
+        # From here to the return nothing awaits: a cancelled receive never holds deliveries.
+        deliveries = inbox.take(epoch, max_messages)
+        messages: list[Envelope] = []
+        poison: list[tuple[PoisonMessage, Delivery]] = []
+        for delivery in deliveries:
+            try:
+                messages.append(from_amqp(delivery.properties, delivery.body))
+            except HeadersFormatError as exc:
+                item = poison_from_amqp(delivery.properties, delivery.body, exc)
+                poison.append((item, delivery))
+        held = _Held(epoch, [d.tag for d in deliveries])
+        self._held.append(held)
+        rejected: list[Rejected] = []
+
+        async def commit() -> None:
+            try:
+                await self._move_to_error_queue(poison, rejected)
+                await self._settle(held, self._ack_pairs(held), ack=True)
+            finally:
+                self._release(held)
+
+        async def abort() -> None:
+            try:
+                await self._settle(held, self._nack_pairs(held), ack=False)
+            finally:
+                self._release(held)
+
+        return Batch(
+            messages,
+            poison=[item for item, _ in poison],
+            on_commit=commit,
+            on_abort=abort,
+            rejected=rejected,
+        )
+
+    async def _consume(self, inbox: _Inbox, max_messages: int) -> int:
+        """The epoch of the channel this source consumes on, (re)starting the consumer."""
+        epoch = self._consumer_epoch
+        if epoch and epoch == self._link.epoch and inbox.cancelled_epoch != epoch:
+            return epoch
+        self._prefetch = max(self._prefetch, self._config.prefetch, max_messages)
+        prefetch, queue = self._prefetch, self.address
+
+        def start(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+            def on_message(
+                _: object, method: pika.spec.Basic.Deliver, props: object, body: bytes
+            ) -> None:
+                inbox.put(Delivery(epoch, method.delivery_tag, props, body))
+
+            def on_cancel(_: object) -> None:
+                inbox.cancelled_epoch = epoch
+
+            def on_qos(_: object) -> None:
+                channel.add_on_cancel_callback(on_cancel)
+                channel.basic_consume(queue, on_message, callback=lambda _: done.ok(epoch))
+
+            channel.basic_qos(prefetch_count=prefetch, callback=on_qos)
+
+        self._consumer_epoch = await self._link.run(start, what=f"consume from {queue!r}")
+        return self._consumer_epoch
+
+    # -- settling ----------------------------------------------------------------------------
+
+    def _others(self, held: _Held) -> list[_Held]:
+        return [h for h in self._held if h is not held and h.epoch == held.epoch]
+
+    def _ack_pairs(self, held: _Held) -> list[tuple[int, bool]]:
+        if not held.tags:
+            return []
+        last = max(held.tags)
+        if any(min(h.tags, default=last) < last for h in self._others(held)):
+            return [(tag, False) for tag in held.tags]  # another open batch holds older tags
+        return [(last, True)]
+
+    def _nack_pairs(self, held: _Held) -> list[tuple[int, bool]]:
+        if self._others(held) or self._inbox is None:
+            return [(tag, False) for tag in held.tags]
+        # Prefetched deliveries behind the batch go back too, so the queue keeps its order.
+        behind = self._inbox.take(held.epoch, 2**31)
+        tags = held.tags + [d.tag for d in behind]
+        return [(max(tags), True)] if tags else []
+
+    async def _settle(self, held: _Held, pairs: list[tuple[int, bool]], *, ack: bool) -> None:
+        if not pairs:
+            return
+        where = self._where
+
+        def settle(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+            if epoch != held.epoch:
+                done.fail(
+                    TransportUnavailable(
+                        f"{where}: the channel that delivered this batch is gone; "
+                        "the broker returned its messages to the queue"
+                    )
+                )
+                return
+            for tag, multiple in pairs:
+                if ack:
+                    channel.basic_ack(tag, multiple=multiple)
+                else:
+                    channel.basic_nack(tag, multiple=multiple, requeue=True)
+            done.ok()
+
+        await self._link.run(settle, what="ack" if ack else "nack")
+
+    def _release(self, held: _Held) -> None:
+        with contextlib.suppress(ValueError):
+            self._held.remove(held)
+
+    # -- error queue -------------------------------------------------------------------------
+
+    async def _move_to_error_queue(
+        self, poison: list[tuple[PoisonMessage, Delivery]], rejected: list[Rejected]
+    ) -> None:
+        copies: list[Message] = []
+        for item, delivery in poison:
+            failure = failure_headers(item.reason, self.address, exception_type=item.exception_type)
+            properties = error_properties(delivery.properties, delivery.body, failure)
+            copies.append((properties, delivery.body))
+        copies.extend(self._rejected_copy(r) for r in rejected)
+        if not copies:
+            return
+        if self._errors is None:
+            params = parameters(self._config, self._name, "errors")
+            where = f"{describe(self._name)}, error queue {self.error_queue!r}"
+            self._errors = Link(params, where, confirm=True)
+        exchange, routing_key = publish_route(self._config, self.error_queue)
+        outcome = await self._errors.publish(exchange, routing_key, copies, timeout=CONFIRM_TIMEOUT)
+        if outcome.returned:
+            raise TransportError(
+                f"{self._errors.where}: no queue takes its messages {outcome.return_text}; "
+                "run `bridge install`"
+            )
+        if outcome.nacked:
+            raise TransportUnavailable(
+                f"{self._errors.where}: the broker refused {outcome.nacked} error-queue copies"
+            )
+
+    def _rejected_copy(self, rejected: Rejected) -> Message:
+        copy = error_copy(rejected.envelope, rejected.error, self.address)
+        frame_max = self._link.frame_max
+        try:
+            return to_amqp(copy, time.time(), frame_max=frame_max)
+        except MessageRejected:
+            copy.headers.remove(_STACK_TRACE)  # a long stack trace must not block the queue
+        try:
+            return to_amqp(copy, time.time(), frame_max=frame_max)
+        except MessageRejected as exc:
+            raise TransportError(f"{self._where}: cannot write an error-queue copy: {exc}") from exc
+
+    async def close(self) -> None:
+        await self._link.close()
+        if self._errors is not None:
+            await self._errors.close()
