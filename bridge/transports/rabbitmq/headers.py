@@ -17,14 +17,14 @@ None. RabbitMQ never tells how long a message waited, so `expiration` alone cann
 remaining lifetime; a bridge-written message reads back within half a second (`timestamp` has
 whole seconds).
 
-Null and order: AMQP tables have no null string and quorum queues hand tables back sorted by
-name, so an envelope whose header order is not already sorted, or that has a null value, also
-carries `NServiceBus.Bridge.HeaderLayout`, a JSON object `{"order": [names], "null": [names]}`.
-A null value is written as AMQP void (what the .NET client writes for a null string). On read
-the layout header is removed, names it lists come first in its order, the rest follow as
-received, and void is None for a name the layout lists as null and "" otherwise (wire-format
-§7: a null an endpoint wrote becomes ""). Repeated names collapse, the last value wins at the
-first position (`Headers.to_dict`).
+Null and order: a null value is written as AMQP void, as the .NET client writes a null string,
+but a void an endpoint wrote must read as "" (wire-format §7), and quorum queues hand tables
+back sorted by name. So an envelope with a null value, a header order that is not already
+sorted (bytewise), or UseNonPersistentDelivery also carries `NServiceBus.Bridge.HeaderLayout`,
+a JSON object `{"order": [names], "null": [names]}`. On read the layout header is removed,
+names it lists come first in its order, the rest follow as received, and void is None for a
+name the layout lists as null and "" otherwise. Repeated names collapse, the last value wins at
+the first position (`Headers.to_dict`).
 
 Read: properties `reply_to`, `correlation_id` and `content_type` overwrite their headers when
 they differ from what the headers would have produced (a `content_type` of
@@ -142,7 +142,7 @@ def to_amqp(
     persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
     nulls = [name for name, value in headers.items() if value is None]
     table: dict[str, str | None] = dict(headers)
-    if nulls or order != sorted(order, key=str.encode):
+    if nulls or not persistent or order != sorted(order, key=str.encode):
         layout = {"order": order, "null": nulls} if nulls else {"order": order}
         table[LAYOUT] = json.dumps(layout, ensure_ascii=False, separators=(",", ":"))
     enclosed = headers.get(ENCLOSED_MESSAGE_TYPES)
