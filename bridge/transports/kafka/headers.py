@@ -28,18 +28,19 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.wireformat import format_timespan, parse_timespan
+from bridge.wireformat import format_timespan, format_timestamp, parse_timespan
 
 __all__ = [
     "DEFAULT_KEY",
     "RECORD_ID_NAMESPACE",
     "Record",
     "RecordHeaders",
+    "error_record",
     "from_record",
     "key_header",
     "native_id",
@@ -54,6 +55,9 @@ DEFAULT_KEY = f"header:{MESSAGE_ID}"
 RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
 
 RecordHeaders = Sequence[tuple[str, bytes | None]]
+
+#: NServiceBus truncates `NServiceBus.ExceptionInfo.Message` to this many characters.
+EXCEPTION_MESSAGE_LIMIT = 16_384
 
 
 class Record(NamedTuple):
@@ -171,3 +175,29 @@ def poison_from_record(
         native_id=native_id(topic, partition, offset),
         headers=readable,
     )
+
+
+def error_record(
+    key: bytes | None,
+    headers: RecordHeaders,
+    poison: PoisonMessage,
+    failed_q: str,
+    now: float,
+) -> Record:
+    """The error-queue copy of a poison record: its key, value and headers byte for byte, with
+    the failure headers ServiceControl reads appended (the last occurrence wins on read).
+
+    A record without `NServiceBus.MessageId` also gets its deterministic id, so ServicePulse
+    can retry it to `failed_q`.
+    """
+    failure: list[tuple[str, str | None]] = [
+        ("NServiceBus.FailedQ", failed_q),
+        ("NServiceBus.ExceptionInfo.ExceptionType", poison.exception_type),
+        ("NServiceBus.ExceptionInfo.Message", poison.reason[:EXCEPTION_MESSAGE_LIMIT]),
+        ("NServiceBus.ExceptionInfo.Source", "bridge"),
+        ("NServiceBus.TimeOfFailure", format_timestamp(datetime.fromtimestamp(now, UTC))),
+    ]
+    if not any(name == MESSAGE_ID for name, _ in headers):
+        failure.insert(0, (MESSAGE_ID, poison.headers.get(MESSAGE_ID)))
+    encoded = [(name, None if value is None else value.encode()) for name, value in failure]
+    return Record(key, poison.body, [*headers, *encoded], int(now * 1000))

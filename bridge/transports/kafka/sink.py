@@ -1,0 +1,142 @@
+"""Kafka sink: envelopes become records on one topic, acknowledged by every in-sync replica.
+
+Guarantees
+    `send` returns only when every record of the call is acknowledged with `acks=all`. All
+    records are handed to the transport's one shared producer first (it batches them by
+    `linger_ms` and `max_batch_size`), then awaited together. Records with the same key go to the
+    same partition in the order of `envelopes` (the producer keeps one request in flight per
+    broker). A failure is never swallowed: when several records fail, the one with the lowest
+    index decides what is raised.
+
+What is lossy
+    Nothing of the envelope (see `headers.py` for the record layout). The sink is not a
+    checkpoint store: Kafka destinations are at-least-once, and `checkpoint` is ignored. A
+    record the producer retried after a lost acknowledgement may be written twice unless the
+    connection has `idempotence: true`.
+
+Errors
+    `MessageRejected(index)` when a record can never be written: larger than `max_request_size`
+    (checked before anything of the call is written), refused by the broker as too large or with
+    an invalid timestamp, a header that is not UTF-8 text, or a topic that the cluster does not
+    have (aiokafka waits `request_timeout_ms` for it first; `bridge check --connect` finds it up
+    front). `TransportUnavailable` for what may go away (connection, timeouts, leader changes);
+    `TransportError` for the rest (see `errors.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka.errors import UnknownTopicOrPartitionError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from bridge.envelope import Envelope
+from bridge.errors import (
+    BridgeError,
+    HeadersFormatError,
+    MessageRejected,
+    TransportUnavailable,
+)
+from bridge.protocols import Checkpoint
+from bridge.transports.kafka.errors import DRIVER_ERRORS, translate
+from bridge.transports.kafka.headers import Record, key_header, to_record
+
+__all__ = ["KafkaSink", "ProducerFactory", "produce"]
+
+#: Returns the transport's started producer (an `aiokafka.AIOKafkaProducer`).
+ProducerFactory = Callable[[], Awaitable[Any]]
+
+
+class KafkaSink:
+    def __init__(
+        self, topic: str, key_spec: str, producer: ProducerFactory, max_request_size: int
+    ) -> None:
+        key_header(key_spec)  # a bad key spec fails when the route is built, not at first send
+        self.topic = topic
+        self._key_spec = key_spec
+        self._producer = producer
+        self._max_request_size = max_request_size
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        if not envelopes:
+            return
+        now = time.time()
+        records: list[Record] = []
+        for index, envelope in enumerate(envelopes):
+            try:
+                records.append(to_record(envelope, self._key_spec, now))
+            except HeadersFormatError as exc:
+                raise MessageRejected(f"kafka: topic {self.topic!r}: {exc}", index=index) from exc
+        await produce(self._producer, self.topic, records, self._max_request_size)
+
+    async def close(self) -> None:
+        """Nothing to release: the producer belongs to the transport and outlives its sinks."""
+
+
+async def produce(
+    producer_factory: ProducerFactory,
+    topic: str,
+    records: Sequence[Record],
+    max_request_size: int,
+) -> None:
+    """Write `records` to `topic` and wait until all are acknowledged (see the module doc)."""
+    for index, record in enumerate(records):
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+            record.key, record.value, record.headers
+        )
+        if size > max_request_size:
+            raise MessageRejected(
+                f"kafka: record for topic {topic!r} is {size} bytes, more than "
+                f"max_request_size ({max_request_size})",
+                index=index,
+            )
+    what = f"send to topic {topic!r}"
+    try:
+        producer = await producer_factory()
+    except DRIVER_ERRORS as exc:
+        raise translate(exc, "start the producer") from exc
+    pending: list[asyncio.Future[Any]] = []
+    failure: tuple[int, BaseException] | None = None
+    for index, record in enumerate(records):
+        try:
+            pending.append(
+                await producer.send(
+                    topic,
+                    record.value,
+                    key=record.key,
+                    headers=record.headers,
+                    timestamp_ms=record.timestamp_ms,
+                )
+            )
+        except DRIVER_ERRORS as exc:
+            failure = (index, exc)
+            break
+    # Wait for what was handed over even after a failure, so nothing is left in flight unseen.
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    for index, result in enumerate(results):
+        if isinstance(result, BaseException):
+            failure = (index, result)
+            break
+    if failure is not None:
+        index, cause = failure
+        raise await _explain(producer, topic, what, index, cause) from cause
+
+
+async def _explain(
+    producer: Any, topic: str, what: str, index: int, exc: BaseException
+) -> BridgeError:
+    if isinstance(exc, asyncio.CancelledError):  # the producer was stopped under the send
+        return TransportUnavailable(f"kafka: {what}: the producer was closed")
+    if isinstance(exc, UnknownTopicOrPartitionError):
+        try:
+            cluster = await producer.client.fetch_all_metadata()
+        except DRIVER_ERRORS:
+            return translate(exc, what, index=index)
+        if topic not in cluster.topics():
+            return MessageRejected(f"kafka: {what}: the topic does not exist", index=index)
+    return translate(exc, what, index=index)

@@ -1,0 +1,281 @@
+"""Kafka source: one consumer in the route's group, settled a batch at a time.
+
+Guarantees
+    At least once. A batch's records are committed (the next offset of each partition it holds)
+    only by `commit()`, which the runner calls after the sink made them durable; `abort()` seeks
+    every partition of the batch back to its first record, so the same records come again, in
+    order. `batch.checkpoint` is {"group/topic/partition": next offset} for the partitions in the
+    batch. With a `checkpoint_store` (a destination that stores those positions with its rows),
+    every newly assigned partition starts from its stored position instead of the committed
+    offset, which makes Kafka -> SQL exactly-once even when Kafka commits lag or fail. Until the
+    stored positions are loaded, the new partitions stay paused, so nothing is fetched from the
+    wrong place.
+
+Rebalancing
+    When partitions are taken away while a batch is in hand, the revocation waits up to
+    `revoke_grace` seconds for the batch to settle, so a clean hand-over commits first. A commit
+    that still fails because the group moved on (`CommitFailedError`, partition no longer
+    assigned) is logged, not raised: the partition's next owner receives those records again
+    (duplicates only of what was in flight), or, with a checkpoint store, starts where the
+    destination says.
+
+Poison and expiry
+    A record whose headers are not UTF-8 is a `PoisonMessage` in `batch.poison`; before the batch
+    is handed out, its copy (key, value and headers byte for byte plus the NServiceBus failure
+    headers) is written to `error_queue` (a topic on this connection, `bridge.error` by default),
+    once per record per source even when the batch is aborted and received again. Expired
+    records are not dropped here: `expires_at` is set and the runner drops them.
+
+Errors
+    Broker unreachable, timeouts and coordinator moves raise `TransportUnavailable`; a commit
+    retried by aiokafka for longer than the request timeout does too. One batch is in hand at a
+    time: receiving again before settling the last batch is a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+
+from bridge.batch import Batch
+from bridge.envelope import Envelope, PoisonMessage
+from bridge.errors import HeadersFormatError, SettleError
+from bridge.protocols import CheckpointStore
+from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
+from bridge.transports.kafka.headers import (
+    Record,
+    error_record,
+    from_record,
+    poison_from_record,
+)
+from bridge.transports.kafka.sink import ProducerFactory, produce
+
+__all__ = ["KafkaSource", "checkpoint_key"]
+
+log = logging.getLogger("bridge.kafka")
+
+
+def checkpoint_key(group: str, topic: str, partition: int) -> str:
+    return f"{group}/{topic}/{partition}"
+
+
+class KafkaSource:
+    #: Seconds a revocation waits for the batch in hand to settle (below the rebalance timeout).
+    revoke_grace: float = 5.0
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        group: str,
+        consumer_kwargs: dict[str, Any],
+        producer: ProducerFactory,
+        error_queue: str,
+        max_request_size: int,
+        checkpoint_store: CheckpointStore | None = None,
+    ) -> None:
+        self.topic = topic
+        self.group = group
+        self.error_queue = error_queue
+        self._consumer_kwargs = consumer_kwargs
+        self._producer = producer
+        self._max_request_size = max_request_size
+        self._store = checkpoint_store
+        self._consumer: Any = None  # AIOKafkaConsumer, started on first receive
+        self._unpositioned: set[TopicPartition] = set()  # waiting for their stored position
+        self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
+        self._copied: set[tuple[TopicPartition, int]] = set()  # poison already in error_queue
+
+    @property
+    def partitions(self) -> frozenset[TopicPartition]:
+        """The partitions the group gave this source (none before its first receive)."""
+        return frozenset(self._consumer.assignment()) if self._consumer is not None else frozenset()
+
+    async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
+        if self._in_hand is not None and not self._in_hand.is_set():
+            raise SettleError("settle the batch in hand before receiving the next one")
+        consumer = await self._started()
+        await self._seek_to_checkpoints()
+        with kafka_errors(f"receive from topic {self.topic!r}"):
+            fetched = await consumer.getmany(
+                timeout_ms=max(0, int(timeout * 1000)), max_records=max_messages
+            )
+        first: dict[TopicPartition, int] = {}
+        after: dict[TopicPartition, int] = {}
+        messages: list[Envelope] = []
+        poison: list[tuple[Any, PoisonMessage]] = []
+        for tp, records in fetched.items():
+            for r in records:
+                first.setdefault(tp, r.offset)
+                after[tp] = r.offset + 1
+                try:
+                    messages.append(
+                        from_record(
+                            r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp
+                        )
+                    )
+                except HeadersFormatError as exc:
+                    copy = poison_from_record(
+                        r.topic, r.partition, r.offset, r.value, r.headers, exc
+                    )
+                    poison.append((r, copy))
+        if not first:
+            return Batch()
+        try:
+            await self._copy_poison(poison)
+        except BaseException:
+            self._rewind(first)
+            raise
+        settled = self._in_hand = asyncio.Event()
+
+        async def commit() -> None:
+            try:
+                await self._commit(after)
+            finally:
+                settled.set()
+
+        async def abort() -> None:
+            self._rewind(first)
+            settled.set()
+
+        return Batch(
+            messages,
+            poison=[copy for _, copy in poison],
+            checkpoint={
+                checkpoint_key(self.group, tp.topic, tp.partition): n for tp, n in after.items()
+            },
+            on_commit=commit,
+            on_abort=abort,
+        )
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with kafka_errors(f"close the consumer of group {self.group!r}"):
+                await consumer.stop()
+
+    async def _started(self) -> Any:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(**self._consumer_kwargs)
+            try:
+                with kafka_errors(f"start a consumer for topic {self.topic!r}"):
+                    await consumer.start()
+                    consumer.subscribe([self.topic], listener=_Listener(self))
+            except BaseException:
+                await consumer.stop()
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+    async def _copy_poison(self, poison: list[tuple[Any, PoisonMessage]]) -> None:
+        now = time.time()
+        todo: list[tuple[tuple[TopicPartition, int], Record]] = [
+            (
+                (TopicPartition(r.topic, r.partition), r.offset),
+                error_record(r.key, r.headers, copy, self.topic, now),
+            )
+            for r, copy in poison
+        ]
+        todo = [(where, record) for where, record in todo if where not in self._copied]
+        if todo:
+            records = [record for _, record in todo]
+            await produce(self._producer, self.error_queue, records, self._max_request_size)
+            self._copied.update(where for where, _ in todo)
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        consumer = self._consumer
+        assigned = consumer.assignment() if consumer is not None else set()
+        owned = {tp: n for tp, n in offsets.items() if tp in assigned}
+        if len(owned) < len(offsets):
+            self._handed_over(offsets.keys() - owned.keys(), "no longer assigned")
+        if not owned:
+            return
+        timeout = self._consumer_kwargs.get("request_timeout_ms", 40_000) / 1000
+        try:
+            await asyncio.wait_for(consumer.commit(owned), timeout)
+        except (CommitFailedError, IllegalStateError) as exc:
+            self._handed_over(owned, str(exc))
+            return
+        except DRIVER_ERRORS as exc:
+            raise translate(exc, f"commit offsets of group {self.group!r}") from exc
+        self._copied = {(tp, o) for tp, o in self._copied if o >= owned.get(tp, 0)}
+
+    def _handed_over(self, partitions: Iterable[TopicPartition], why: str) -> None:
+        names = ", ".join(sorted(f"{tp.topic}/{tp.partition}" for tp in partitions))
+        if self._store is not None:
+            log.info(
+                "group %s: not committed (%s): %s; the destination holds the position",
+                self.group,
+                why,
+                names,
+            )
+        else:
+            log.warning(
+                "group %s: not committed (%s): %s; their next owner receives the "
+                "batch in hand again",
+                self.group,
+                why,
+                names,
+            )
+
+    def _rewind(self, first: dict[TopicPartition, int]) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        for tp, offset in first.items():
+            if tp in assigned:  # a revoked partition restarts from its committed offset
+                consumer.seek(tp, offset)
+
+    async def _seek_to_checkpoints(self) -> None:
+        """Move partitions waiting for their stored position there, then let them fetch."""
+        consumer = self._consumer
+        if self._store is None or consumer is None or not self._unpositioned:
+            return
+        waiting = self._unpositioned & consumer.assignment()
+        self._unpositioned = waiting
+        if waiting:
+            stored = await self._store.load_checkpoint(f"{self.group}/{self.topic}/")
+            for tp in waiting:
+                offset = stored.get(checkpoint_key(self.group, tp.topic, tp.partition))
+                if offset is not None:
+                    consumer.seek(tp, offset)
+            consumer.resume(*waiting)
+        self._unpositioned = set()
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self._store is None or self._consumer is None or not assigned:
+            return
+        self._consumer.pause(*assigned)  # before any await: nothing fetched from the wrong place
+        self._unpositioned |= assigned
+        try:
+            await self._seek_to_checkpoints()
+        except Exception as exc:  # retried before the next fetch; the partitions stay paused
+            log.warning("group %s: loading stored positions failed: %s", self.group, exc)
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._copied = {(tp, o) for tp, o in self._copied if tp not in revoked}
+        settled = self._in_hand
+        if not revoked or settled is None or settled.is_set():
+            return
+        try:
+            await asyncio.wait_for(settled.wait(), self.revoke_grace)
+        except TimeoutError:
+            log.warning("group %s: partitions revoked while a batch is in hand", self.group)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
+    def __init__(self, source: KafkaSource) -> None:
+        self._source = source
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._source._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._source._on_assigned(assigned)
