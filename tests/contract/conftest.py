@@ -28,7 +28,7 @@ class Place:
         return self.transport.sink(self.address)
 
 
-VARIANTS = ["memory", "sqlite", "postgresql", "kafka"]
+VARIANTS = ["memory", "sqlite", "postgresql", "kafka", "rabbitmq"]
 
 
 @pytest.fixture(params=VARIANTS)
@@ -53,6 +53,24 @@ async def place(request: pytest.FixtureRequest) -> AsyncIterator[Place]:
         dsn = request.getfixturevalue("pg_dsn")
         schema = request.getfixturevalue("pg_schema")
         transport = Postgres("shop", PostgresConnection(type="postgresql", dsn=dsn, schema=schema))
+    elif kind == "rabbitmq":
+        import pika
+
+        from bridge.config.models import RabbitMQConnection
+        from bridge.transports.rabbitmq import Transport as RabbitMQ
+
+        url = request.getfixturevalue("rabbitmq_url")
+        config = RabbitMQConnection.model_validate({"type": "rabbitmq", "url": url})
+        transport = RabbitMQ("rabbit", config)
+
+        def delete_queue() -> None:
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            channel = connection.channel()
+            channel.queue_delete(address)
+            channel.exchange_delete(address)
+            connection.close()
+
+        request.addfinalizer(delete_queue)
     else:
         from bridge.config.models import KafkaConnection
         from bridge.transports.kafka import Transport as Kafka
