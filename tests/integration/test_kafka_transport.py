@@ -6,6 +6,7 @@ consumer has a short session (`fast_source`); everything else is the production 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -318,6 +319,31 @@ async def test_a_partition_without_stored_position_starts_at_its_commit(
     assert [offset(e) for e in got] == [2, 3, 4, 5]
 
 
+class FlakyStore(Store):
+    """Fails its first load, as a destination database that is briefly away would."""
+
+    async def load_checkpoint(self, prefix: str) -> dict[str, int]:
+        if not self.prefixes:
+            self.prefixes.append(prefix)
+            raise TransportUnavailable("database away")
+        return await super().load_checkpoint(prefix)
+
+
+async def test_partitions_wait_for_their_stored_position_when_loading_it_fails(
+    kafka_bootstrap: str,
+) -> None:
+    topic, group = unique("flaky"), unique("g")
+    async with kafka(kafka_bootstrap, partitions=1) as transport:
+        await transport.install([topic])
+        await transport.sink(topic).send([message(i) for i in range(8)])
+        store = FlakyStore({f"{group}/{topic}/0": 5})
+        source = fast_source(transport, topic, group, store=store)
+        got = await drain(source, 3)
+        assert await nothing_more(source)
+    assert len(store.prefixes) >= 2
+    assert [offset(e) for e in got] == [5, 6, 7]
+
+
 async def test_too_large_record_is_rejected_with_its_index_before_anything_is_written(
     kafka_bootstrap: str,
 ) -> None:
@@ -437,3 +463,49 @@ async def test_commit_after_the_partitions_moved_on_does_not_fail_the_route(
     delivered = Counter(e.message_id for e in [*held, *seen])
     assert set(delivered) == {f"id-{i}" for i in range(total)}
     assert sum(delivered.values()) - total <= len(held)  # duplicates only of what was in flight
+
+
+async def test_a_batch_settled_during_the_revoke_grace_hands_over_cleanly(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic, group = unique("handover"), unique("g")
+    total = 40
+    async with kafka(kafka_bootstrap, partitions=2) as transport:
+        await transport.install([topic])
+        await transport.sink(topic, key="none").send([message(i) for i in range(total)])
+        first = fast_source(transport, topic, group)
+        first.revoke_grace = 10  # ends as soon as the batch settles
+        batch = await first_batch(first, total)
+        held = list(batch.messages)
+        revoking = asyncio.Event()
+        on_revoked = first._on_revoked
+
+        async def spy(revoked: set[Any]) -> None:
+            if revoked:
+                revoking.set()
+            await on_revoked(revoked)
+
+        monkeypatch.setattr(first, "_on_revoked", spy)
+        second = fast_source(transport, topic, group)
+        seen: list[Envelope] = []
+
+        async def join() -> None:
+            while not second.partitions:
+                b = await second.receive_batch(100, 0.5)
+                seen.extend(b.messages)
+                await b.commit()
+
+        joining = asyncio.create_task(join())
+        await asyncio.wait_for(revoking.wait(), 30)
+        await batch.commit()  # while the revocation waits for it
+        await asyncio.wait_for(joining, 30)
+        for source in (first, second):
+            while True:
+                b = await source.receive_batch(100, 0.5)
+                seen.extend(b.messages)
+                await b.commit()
+                if not b.messages:
+                    break
+    delivered = Counter(e.message_id for e in [*held, *seen])
+    assert set(delivered) == {f"id-{i}" for i in range(total)}
+    assert max(delivered.values()) == 1

@@ -24,6 +24,8 @@ from bridge.errors import (
     TransportError,
     TransportUnavailable,
 )
+from bridge.protocols import Sink, Source
+from bridge.protocols import Transport as TransportProtocol
 from bridge.transports.kafka import Transport
 from bridge.transports.kafka.errors import kafka_errors, translate
 
@@ -104,3 +106,9 @@ def test_a_bad_key_spec_fails_when_the_sink_is_built() -> None:
     transport = unreachable()
     with pytest.raises(ConfigError, match="key must be"):
         transport.sink("t", key="conversation")
+
+
+def test_it_keeps_the_transport_contracts() -> None:
+    transport: TransportProtocol = unreachable()  # checked by mypy
+    assert isinstance(transport.source("t", group="g"), Source)
+    assert isinstance(transport.sink("t"), Sink)

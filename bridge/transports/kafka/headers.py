@@ -19,8 +19,9 @@ a null record value (a tombstone) reads as an empty body; a TimeToBeReceived hea
 envelope without `expires_at` is carried as is, so the reader counts it from the record
 timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `from_record`
 raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
-`poison_from_record`); a header that cannot be encoded as UTF-8 (a lone surrogate) raises
-`HeadersFormatError` from `to_record`.
+`poison_from_record`), whose error-queue copy `error_record` writes byte for byte with the
+NServiceBus failure headers appended. A header that cannot be encoded as UTF-8 (a lone
+surrogate) raises `HeadersFormatError` from `to_record`.
 """
 
 from __future__ import annotations
