@@ -41,21 +41,13 @@ from bridge.errors import BridgeError, MessageRejected, TransportError, Transpor
 from bridge.transports.rabbitmq.config import CONNECT_TIMEOUT, OPERATION_TIMEOUT
 from bridge.transports.rabbitmq.errors import oversized_body, translate
 
-__all__ = ["Delivery", "Done", "Link", "Message", "Op", "PublishOutcome"]
+__all__ = ["Done", "Link", "Message", "Op", "PublishOutcome"]
 
 log = logging.getLogger("bridge.rabbitmq")
 
 _EPOCHS = itertools.count(1)
 
 Message = tuple[pika.BasicProperties, bytes]
-
-
-@dataclass(slots=True)
-class Delivery:
-    epoch: int
-    tag: int
-    properties: pika.BasicProperties
-    body: bytes
 
 
 @dataclass(slots=True)

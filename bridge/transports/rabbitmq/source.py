@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 from collections import deque
@@ -50,7 +51,7 @@ from bridge.transports.rabbitmq.config import (
     parameters,
     publish_route,
 )
-from bridge.transports.rabbitmq.connection import Delivery, Done, Link, Message
+from bridge.transports.rabbitmq.connection import Done, Link, Message
 from bridge.transports.rabbitmq.headers import (
     error_properties,
     from_amqp,
@@ -58,11 +59,30 @@ from bridge.transports.rabbitmq.headers import (
     to_amqp,
 )
 
-__all__ = ["DEFAULT_ERROR_QUEUE", "RabbitMQSource"]
+__all__ = ["DEFAULT_ERROR_QUEUE", "Delivery", "RabbitMQSource"]
 
 DEFAULT_ERROR_QUEUE = "bridge.error"
 
 _STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+
+
+_CONSUMERS = itertools.count(1)
+
+
+@dataclass(slots=True)
+class Delivery:
+    consumer: int
+    epoch: int
+    tag: int
+    properties: pika.BasicProperties
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Consumer:
+    number: int  # unique per basic.consume, process-wide
+    epoch: int  # the channel it consumes on
+    tag: str
 
 
 class _Inbox:
@@ -74,7 +94,7 @@ class _Inbox:
         self._arrived = asyncio.Event()
         self._lock = threading.Lock()
         self._wake_pending = False
-        self.cancelled_epoch = 0
+        self.cancelled: set[str] = set()  # consumer tags the broker cancelled
 
     def put(self, delivery: Delivery) -> None:
         """On the ioloop thread: queue one delivery and wake the event loop (once per burst)."""
@@ -91,16 +111,16 @@ class _Inbox:
             self._wake_pending = False
         self._arrived.set()
 
-    def count(self, epoch: int) -> int:
-        """Deliveries of channel `epoch` waiting; those of an older channel are dropped."""
-        while self._items and self._items[0].epoch != epoch:
-            self._items.popleft()  # the broker put it back when that channel closed
+    def count(self, consumer: int) -> int:
+        """Deliveries of `consumer` waiting; those of an earlier consumer are dropped."""
+        while self._items and self._items[0].consumer != consumer:
+            self._items.popleft()  # requeued by an abort or by the loss of its channel
         return len(self._items)
 
-    async def wait_for_more(self, epoch: int, seen: int, timeout: float) -> bool:
+    async def wait_for_more(self, consumer: int, seen: int, timeout: float) -> bool:
         """Wait until more than `seen` deliveries wait; False when `timeout` passes first."""
         deadline = self._loop.time() + timeout
-        while self.count(epoch) <= seen:
+        while self.count(consumer) <= seen:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 return False
@@ -109,16 +129,16 @@ class _Inbox:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
         return True
 
-    def take(self, epoch: int, limit: int) -> list[Delivery]:
-        self.count(epoch)
+    def take(self, consumer: int, limit: int) -> list[Delivery]:
+        self.count(consumer)
         return [self._items.popleft() for _ in range(min(limit, len(self._items)))]
 
 
 @dataclass(eq=False)
 class _Held:
-    """Delivery tags of one unsettled batch."""
+    """The consumer and delivery tags of one unsettled batch."""
 
-    epoch: int
+    consumer: _Consumer
     tags: list[int]
 
 
@@ -134,9 +154,10 @@ class RabbitMQSource:
         self._link = Link(parameters(config, name, "source"), self._where)
         self._errors: Link | None = None
         self._inbox: _Inbox | None = None
-        self._consumer_epoch = 0
+        self._consumer: _Consumer | None = None
         self._prefetch = 0
         self._held: list[_Held] = []
+        self._cancel_hooked = 0  # the ioloop thread's: epoch of the channel hooked for cancels
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -144,14 +165,15 @@ class RabbitMQSource:
         if self._inbox is None:
             self._inbox = _Inbox(asyncio.get_running_loop())
         inbox = self._inbox
-        epoch = await self._consume(inbox, max_messages)
-        if not await inbox.wait_for_more(epoch, 0, timeout):
+        consumer = await self._consume(inbox, max_messages)
+        number = consumer.number
+        if not await inbox.wait_for_more(number, 0, timeout):
             return Batch()
-        while inbox.count(epoch) < max_messages:
-            if not await inbox.wait_for_more(epoch, inbox.count(epoch), DELIVERY_PAUSE):
+        while inbox.count(number) < max_messages:
+            if not await inbox.wait_for_more(number, inbox.count(number), DELIVERY_PAUSE):
                 break
         # From here to the return nothing awaits: a cancelled receive never holds deliveries.
-        deliveries = inbox.take(epoch, max_messages)
+        deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []
         poison: list[tuple[PoisonMessage, Delivery]] = []
         for delivery in deliveries:
@@ -160,7 +182,7 @@ class RabbitMQSource:
             except HeadersFormatError as exc:
                 item = poison_from_amqp(delivery.properties, delivery.body, exc)
                 poison.append((item, delivery))
-        held = _Held(epoch, [d.tag for d in deliveries])
+        held = _Held(consumer, [d.tag for d in deliveries])
         self._held.append(held)
         rejected: list[Rejected] = []
 
@@ -173,7 +195,10 @@ class RabbitMQSource:
 
         async def abort() -> None:
             try:
-                await self._settle(held, self._nack_pairs(held), ack=False)
+                if self._others(held):
+                    await self._settle(held, [(t, False) for t in held.tags], ack=False)
+                else:
+                    await self._requeue_everything(held.consumer)
             finally:
                 self._release(held)
 
@@ -185,36 +210,48 @@ class RabbitMQSource:
             rejected=rejected,
         )
 
-    async def _consume(self, inbox: _Inbox, max_messages: int) -> int:
-        """The epoch of the channel this source consumes on, (re)starting the consumer."""
-        epoch = self._consumer_epoch
-        if epoch and epoch == self._link.epoch and inbox.cancelled_epoch != epoch:
-            return epoch
+    async def _consume(self, inbox: _Inbox, max_messages: int) -> _Consumer:
+        """The consumer this source receives from, started when there is none (any more)."""
+        consumer = self._consumer
+        if (
+            consumer is not None
+            and consumer.epoch == self._link.epoch
+            and consumer.tag not in inbox.cancelled
+        ):
+            return consumer
         self._prefetch = max(self._prefetch, self._config.prefetch, max_messages)
-        prefetch, queue = self._prefetch, self.address
+        prefetch, queue, number = self._prefetch, self.address, next(_CONSUMERS)
 
         def start(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
             def on_message(
                 _: object, method: pika.spec.Basic.Deliver, props: object, body: bytes
             ) -> None:
-                inbox.put(Delivery(epoch, method.delivery_tag, props, body))
+                inbox.put(Delivery(number, epoch, method.delivery_tag, props, body))
 
-            def on_cancel(_: object) -> None:
-                inbox.cancelled_epoch = epoch
+            def on_cancel(frame: pika.frame.Method) -> None:
+                inbox.cancelled.add(frame.method.consumer_tag)
 
             def on_qos(_: object) -> None:
-                channel.add_on_cancel_callback(on_cancel)
-                channel.basic_consume(queue, on_message, callback=lambda _: done.ok(epoch))
+                consumer = _Consumer(number, epoch, f"bridge.{number}")
+                channel.basic_consume(
+                    queue,
+                    on_message,
+                    consumer_tag=consumer.tag,
+                    callback=lambda _: done.ok(consumer),
+                )
 
+            if self._cancel_hooked != epoch:  # one hook per channel, however many consumers
+                self._cancel_hooked = epoch
+                channel.add_on_cancel_callback(on_cancel)
             channel.basic_qos(prefetch_count=prefetch, callback=on_qos)
 
-        self._consumer_epoch = await self._link.run(start, what=f"consume from {queue!r}")
-        return self._consumer_epoch
+        self._consumer = await self._link.run(start, what=f"consume from {queue!r}")
+        return self._consumer
 
     # -- settling ----------------------------------------------------------------------------
 
     def _others(self, held: _Held) -> list[_Held]:
-        return [h for h in self._held if h is not held and h.epoch == held.epoch]
+        return [h for h in self._held if h is not held and h.consumer.epoch == held.consumer.epoch]
 
     def _ack_pairs(self, held: _Held) -> list[tuple[int, bool]]:
         if not held.tags:
@@ -224,27 +261,20 @@ class RabbitMQSource:
             return [(tag, False) for tag in held.tags]  # another open batch holds older tags
         return [(last, True)]
 
-    def _nack_pairs(self, held: _Held) -> list[tuple[int, bool]]:
-        if self._others(held) or self._inbox is None:
-            return [(tag, False) for tag in held.tags]
-        # Prefetched deliveries behind the batch go back too, so the queue keeps its order.
-        behind = self._inbox.take(held.epoch, 2**31)
-        tags = held.tags + [d.tag for d in behind]
-        return [(max(tags), True)] if tags else []
+    def _gone(self) -> TransportUnavailable:
+        return TransportUnavailable(
+            f"{self._where}: the channel that delivered this batch is gone; "
+            "the broker returned its messages to the queue"
+        )
 
     async def _settle(self, held: _Held, pairs: list[tuple[int, bool]], *, ack: bool) -> None:
         if not pairs:
             return
-        where = self._where
+        gone = self._gone()
 
         def settle(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
-            if epoch != held.epoch:
-                done.fail(
-                    TransportUnavailable(
-                        f"{where}: the channel that delivered this batch is gone; "
-                        "the broker returned its messages to the queue"
-                    )
-                )
+            if epoch != held.consumer.epoch:
+                done.fail(gone)
                 return
             for tag, multiple in pairs:
                 if ack:
@@ -254,6 +284,30 @@ class RabbitMQSource:
             done.ok()
 
         await self._link.run(settle, what="ack" if ack else "nack")
+
+    async def _requeue_everything(self, consumer: _Consumer) -> None:
+        """Stop the consumer, then return every unacknowledged delivery, so the queue keeps
+        its order: after `basic.cancel-ok` no delivery of it is still on the way, and
+        `basic.nack(0, multiple=True)` returns all of them, prefetched ones included.
+        The next receive starts a new consumer."""
+        self._consumer = None
+        gone = self._gone()
+
+        def requeue(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+            if epoch != consumer.epoch:
+                done.fail(gone)
+                return
+
+            def nack_all(_: object = None) -> None:
+                channel.basic_nack(0, multiple=True, requeue=True)
+                done.ok()
+
+            if consumer.tag in channel.consumer_tags:
+                channel.basic_cancel(consumer.tag, callback=nack_all)
+            else:
+                nack_all()
+
+        await self._link.run(requeue, what="requeue")
 
     def _release(self, held: _Held) -> None:
         with contextlib.suppress(ValueError):

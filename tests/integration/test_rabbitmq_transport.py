@@ -1,0 +1,474 @@
+"""The RabbitMQ transport against the real broker: round trips, topologies, unroutable messages,
+settling, poison, administration. Every test uses its own queues and deletes them afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pika
+import pytest
+
+from bridge.config.models import RabbitMQConnection
+from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
+from bridge.errors import MessageRejected, TransportError, TransportUnavailable
+from bridge.transports import load
+from bridge.transports.rabbitmq import RabbitMQSource, Transport
+from bridge.transports.rabbitmq.headers import LAYOUT, NON_PERSISTENT
+from tests.conftest import unique
+
+pytestmark = pytest.mark.integration
+
+Make = Callable[..., Transport]
+
+
+@pytest.fixture
+def channel(rabbitmq_url: str) -> Iterator[Any]:
+    """A plain pika channel, as a native client or an NServiceBus endpoint would use."""
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    yield connection.channel()
+    connection.close()
+
+
+@pytest.fixture
+def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
+    """Fresh queue names; their queues and exchanges are deleted after the test."""
+    made: list[str] = []
+
+    def name(prefix: str = "rmq") -> str:
+        made.append(unique(prefix))
+        return made[-1]
+
+    yield name
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    cleanup = connection.channel()
+    for queue in made:
+        cleanup.queue_delete(queue)
+        cleanup.exchange_delete(queue)
+    connection.close()
+
+
+@pytest.fixture
+async def make(rabbitmq_url: str) -> AsyncIterator[Make]:
+    """Build transports (closed after the test) from RabbitMQConnection fields."""
+    made: list[Transport] = []
+
+    def build(**fields: Any) -> Transport:
+        config = RabbitMQConnection.model_validate(
+            {"type": "rabbitmq", "url": rabbitmq_url, **fields}
+        )
+        made.append(Transport("rabbit", config))
+        return made[-1]
+
+    yield build
+    for transport in made:
+        await transport.close()
+
+
+def message(i: int, **extra: str | None) -> Envelope:
+    return Envelope(Headers([(MESSAGE_ID, f"id-{i}"), *extra.items()]), f"body-{i}".encode())
+
+
+async def receive(source: RabbitMQSource, count: int, batch_size: int = 100) -> list[Envelope]:
+    got: list[Envelope] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        batch = await source.receive_batch(batch_size, 1.0)
+        async with batch:
+            got.extend(batch.messages)
+            await batch.commit()
+    return got
+
+
+async def depth_becomes(transport: Transport, queue: str, depth: int) -> None:
+    """Wait until `queue` holds `depth` ready messages (requeues after a close are async)."""
+    deadline = time.monotonic() + 10
+    while (current := (await transport.peek(queue)).depth) != depth:
+        assert time.monotonic() < deadline, f"{queue} holds {current} messages, not {depth}"
+        await asyncio.sleep(0.02)
+
+
+def test_the_registry_builds_this_transport(rabbitmq_url: str) -> None:
+    config = RabbitMQConnection.model_validate({"type": "rabbitmq", "url": rabbitmq_url})
+    assert isinstance(load("rabbit", config), Transport)
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
+@pytest.mark.parametrize("topology", ["conventional", "direct"])
+async def test_a_thousand_messages_cross_unchanged(
+    make: Make, names: Callable[[str], str], topology: str, queue_type: str
+) -> None:
+    transport = make(topology=topology, queue_type=queue_type)
+    queue = names("rt")
+    await transport.install([queue])
+    now = time.time()
+    sent = []
+    for i in range(1000):
+        envelope = Envelope(
+            Headers(
+                [
+                    ("NServiceBus.MessageId", f"7f1b2c2e-{i:04d}"),
+                    ("NServiceBus.ReplyToAddress", "Sales@[dbo]@[nservicebus]"),
+                    ("NServiceBus.CorrelationId", f"corr-{i}"),
+                    ("NServiceBus.ContentType", "application/json"),
+                    ("NServiceBus.EnclosedMessageTypes", "Ns.OrderPlaced, Sales;Ns.IEvent, Sales"),
+                    ("zz-unicode", "café / 東京 / \u2028"),
+                    ("empty", ""),
+                    ("null", None),
+                    ("NServiceBus.TimeToBeReceived", "00:10:00"),
+                ]
+            ),
+            bytes([i % 256]) * (i % 700),
+            expires_at=now + 600 if i % 2 else None,
+        )
+        sent.append(envelope)
+    sink = transport.sink(queue)
+    await sink.send(sent[:500])
+    await sink.send(sent[500:])
+    source = transport.source(queue)
+    got = await receive(source, 1000, batch_size=250)
+    assert len(got) == 1000
+    for before, after in zip(sent, got, strict=True):
+        assert after.body == before.body
+        if before.expires_at is None:
+            assert after.headers.items() == before.headers.items()
+            assert after.expires_at is None
+        else:  # the remaining lifetime replaces the original one
+            remaining = after.headers.get(TIME_TO_BE_RECEIVED) or ""
+            assert remaining.startswith("00:09:5")
+            expected = before.headers.copy()
+            expected.set(TIME_TO_BE_RECEIVED, remaining)
+            assert after.headers.items() == expected.items()
+            assert after.expires_at == pytest.approx(before.expires_at, abs=0.5)
+    assert (await transport.peek(queue)).depth == 0
+
+
+async def test_what_an_endpoint_receives(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make()
+    queue = names("wire")
+    await transport.install([queue])
+    envelope = message(
+        1,
+        **{
+            "NServiceBus.CorrelationId": "corr-1",
+            "NServiceBus.ReplyToAddress": "Sales",
+            "NServiceBus.EnclosedMessageTypes": "Ns.OrderPlaced, Sales, Version=1.0.0.0",
+            NON_PERSISTENT: "True",
+            TIME_TO_BE_RECEIVED: "00:01:00",
+        },
+    )
+    envelope.expires_at = time.time() + 30
+    await transport.sink(queue).send([envelope])
+    _, properties, body = channel.basic_get(queue, auto_ack=True)
+    assert body == b"body-1"
+    assert properties.message_id == "id-1"
+    assert properties.delivery_mode == 1
+    assert properties.correlation_id == "corr-1"
+    assert properties.reply_to == "Sales"
+    assert properties.content_type == "application/octet-stream"
+    assert properties.type == "Ns.OrderPlaced"
+    assert 29_000 <= int(properties.expiration) <= 30_000
+    headers = properties.headers
+    assert headers[MESSAGE_ID] == "id-1"
+    assert headers["NServiceBus.ReplyToAddress"] == "Sales"
+    assert NON_PERSISTENT not in headers
+    assert headers[TIME_TO_BE_RECEIVED].startswith("00:00:")
+    assert headers.pop("x-delivery-count") == 0  # added by the quorum queue
+    assert all(isinstance(value, str) for value in headers.values())
+    assert LAYOUT in headers
+
+
+async def test_a_native_message_is_read_with_its_properties(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make(topology="direct")
+    queue = names("native")
+    await transport.install([queue])
+    channel.basic_publish(
+        "",
+        queue,
+        b"{}",
+        pika.BasicProperties(
+            message_id="native-1",
+            reply_to="Replies",
+            content_type="application/json",
+            type="Ns.Ping",
+            headers={"n": 7, "flag": True, "raw": b"bytes"},
+        ),
+    )
+    source = transport.source(queue)
+    batch = await source.receive_batch(10, 5.0)
+    await batch.abort()  # quorum queues add x-delivery-count on redelivery; it is not a header
+    (got,) = await receive(source, 1)
+    assert got.headers.to_dict() == {
+        "flag": "True",
+        "n": "7",
+        "raw": "bytes",
+        "NServiceBus.ReplyToAddress": "Replies",
+        "NServiceBus.ContentType": "application/json",
+        "NServiceBus.EnclosedMessageTypes": "Ns.Ping",
+        MESSAGE_ID: "native-1",
+    }
+    await source.close()
+
+
+async def test_an_exchange_without_a_queue_rejects_with_the_index(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make()
+    queue = names("unbound")
+    channel.exchange_declare(queue, exchange_type="fanout", durable=True)
+    sink = transport.sink(queue)
+    with pytest.raises(MessageRejected, match="unroutable") as caught:
+        await sink.send([message(i) for i in range(5)])
+    assert caught.value.index == 0
+    await transport.install([queue])
+    await sink.send([message(9)])  # the same sink goes on once the queue is bound
+    assert (await transport.peek(queue)).depth == 1
+
+
+async def test_direct_topology_to_a_missing_queue_rejects(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    sink = make(topology="direct").sink(names("missing"))
+    with pytest.raises(MessageRejected) as caught:
+        await sink.send([message(1)])
+    assert caught.value.index == 0
+
+
+async def test_a_missing_exchange_is_not_retriable_and_the_sink_recovers(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    transport = make()
+    queue = names("noexchange")
+    sink = transport.sink(queue)
+    with pytest.raises(TransportError, match="NOT_FOUND") as caught:
+        await sink.send([message(1)])
+    assert not caught.value.retriable
+    await transport.install([queue])
+    await sink.send([message(2)])
+    assert (await transport.peek(queue)).depth == 1
+
+
+async def test_an_envelope_without_message_id_is_rejected_before_publishing(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    transport = make()
+    queue = names("noid")
+    await transport.install([queue])
+    broken = Envelope(Headers([("other", "x")]), b"")
+    with pytest.raises(MessageRejected) as caught:
+        await transport.sink(queue).send([message(0), broken, message(2)])
+    assert caught.value.index == 1
+    assert (await transport.peek(queue)).depth == 0
+
+
+async def test_abort_requeues_everything_in_order(make: Make, names: Callable[[str], str]) -> None:
+    transport = make()
+    queue = names("abort")
+    await transport.install([queue])
+    await transport.sink(queue).send([message(i) for i in range(50)])
+    source = transport.source(queue)
+    batch = await source.receive_batch(20, 5.0)
+    first = [e.message_id for e in batch.messages]
+    assert first == [f"id-{i}" for i in range(len(first))]
+    await batch.abort()
+    got = await receive(source, 50, batch_size=50)
+    assert [e.message_id for e in got] == [f"id-{i}" for i in range(50)]
+    assert (await transport.peek(queue)).depth == 0
+
+
+async def test_commit_acknowledges_and_closing_unsettled_returns(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    transport = make()
+    queue = names("commit")
+    await transport.install([queue])
+    await transport.sink(queue).send([message(i) for i in range(10)])
+    source = transport.source(queue)
+    batch = await source.receive_batch(4, 5.0)
+    await batch.commit()
+    held = await source.receive_batch(3, 5.0)
+    assert [e.message_id for e in held.messages] == ["id-4", "id-5", "id-6"]
+    await source.close()  # without settling: the broker takes them back
+    await depth_becomes(transport, queue, 6)
+    again = transport.source(queue)
+    got = await receive(again, 6)
+    assert [e.message_id for e in got] == [f"id-{i}" for i in range(4, 10)]
+
+
+async def test_batches_settled_out_of_order_ack_only_their_own(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    transport = make()
+    queue = names("overlap")
+    await transport.install([queue])
+    await transport.sink(queue).send([message(i) for i in range(6)])
+    source = transport.source(queue)
+    older = await source.receive_batch(3, 5.0)
+    newer = await source.receive_batch(3, 5.0)
+    await newer.commit()
+    await older.abort()
+    got = await receive(source, 3)
+    assert [e.message_id for e in got] == ["id-0", "id-1", "id-2"]
+
+
+async def test_poison_goes_to_the_error_queue_byte_for_byte(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make(topology="direct")
+    queue, errors = names("poison"), names("errors")
+    await transport.install([queue, errors])
+    channel.basic_publish(
+        "", queue, b"\x00raw", pika.BasicProperties(app_id="legacy", headers={"h": b"\xff"})
+    )
+    channel.basic_publish("", queue, b"fine", pika.BasicProperties(message_id="ok-1"))
+    source = transport.source(queue, error_queue=errors)
+    batch = await source.receive_batch(10, 5.0)
+    while len(batch) < 2:
+        await batch.abort()
+        batch = await source.receive_batch(10, 5.0)
+    assert [e.message_id for e in batch.messages] == ["ok-1"]
+    (poison,) = batch.poison
+    assert "not UTF-8" in poison.reason
+    await batch.commit()
+    assert (await transport.peek(queue)).depth == 0
+    _, properties, body = channel.basic_get(errors, auto_ack=True)
+    assert body == b"\x00raw"
+    assert properties.app_id == "legacy"
+    assert properties.headers["h"] == b"\xff"
+    assert properties.headers["NServiceBus.FailedQ"] == queue
+    assert properties.headers["NServiceBus.ExceptionInfo.ExceptionType"] == "HeadersFormatError"
+    assert properties.headers["NServiceBus.TimeOfFailure"].endswith(" Z")
+    assert properties.message_id == properties.headers[MESSAGE_ID]
+
+
+async def test_rejected_messages_go_to_the_error_queue(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make()
+    queue, errors = names("reject"), names("errors")
+    await transport.install([queue, errors])
+    await transport.sink(queue).send([message(1, keep="me")])
+    source = transport.source(queue, error_queue=errors)
+    batch = await source.receive_batch(10, 5.0)
+    (envelope,) = batch.messages
+    batch.reject(envelope, MessageRejected("too large for the destination", index=0))
+    await batch.commit()
+    assert (await transport.peek(queue)).depth == 0
+    _, properties, body = channel.basic_get(errors, auto_ack=True)
+    assert body == b"body-1"
+    assert properties.message_id == "id-1"
+    assert properties.headers["keep"] == "me"
+    assert properties.headers["NServiceBus.FailedQ"] == queue
+    assert properties.headers["NServiceBus.ExceptionInfo.Message"].startswith("too large")
+
+
+async def test_a_missing_error_queue_fails_the_commit_and_keeps_the_batch(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make()
+    queue = names("noerrq")
+    await transport.install([queue])
+    channel.basic_publish(queue, "", b"no id", pika.BasicProperties())
+    source = transport.source(queue, error_queue=names("absent"))
+    batch = await source.receive_batch(10, 5.0)
+    assert len(batch.poison) == 1
+    with pytest.raises(TransportError, match="absent"):
+        async with batch:
+            await batch.commit()
+    await source.close()
+    await depth_becomes(transport, queue, 1)
+
+
+async def test_install_is_idempotent_and_print_only_does_not_connect(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    transport = make()
+    queue = names("inst")
+    first = await transport.install([queue, queue])
+    assert await transport.install([queue]) == first
+    assert first == [
+        f"queue.declare queue={queue!r} durable=true arguments={{x-queue-type: quorum}}",
+        f"exchange.declare exchange={queue!r} type=fanout durable=true",
+        f"queue.bind queue={queue!r} exchange={queue!r} routing_key=''",
+    ]
+    nowhere = Transport(
+        "nowhere",
+        RabbitMQConnection.model_validate(
+            {"type": "rabbitmq", "url": "amqp://u:p@127.0.0.1:1/%2F", "topology": "direct"}
+        ),
+    )
+    assert await nowhere.install(["Q"], print_only=True) == [
+        "queue.declare queue='Q' durable=true arguments={x-queue-type: quorum}"
+    ]
+    assert await transport.check([queue]) == []
+
+
+@pytest.mark.parametrize(("existing", "wanted"), [("classic", "quorum"), ("quorum", "classic")])
+async def test_a_queue_of_another_type_is_a_clear_error(
+    make: Make, names: Callable[[str], str], existing: str, wanted: str
+) -> None:
+    queue = names("kind")
+    await make(queue_type=existing).install([queue])
+    transport = make(queue_type=wanted)
+    with pytest.raises(TransportError) as caught:
+        await transport.install([queue])
+    text = str(caught.value)
+    assert f"queue {queue!r} already exists as a {existing} queue" in text
+    assert f"queue_type is {wanted}" in text
+    assert not caught.value.retriable
+    (warning,) = await transport.check([queue])
+    assert f"a {existing} queue" in warning
+    assert (await transport.peek(queue)).depth == 0  # the admin channel came back
+
+
+async def test_check_names_every_missing_queue_and_exchange(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    transport = make()
+    present, absent = names("here"), names("gone")
+    await transport.install([present])
+    with pytest.raises(TransportError) as caught:
+        await transport.check([present, absent])
+    assert str(caught.value) == (
+        f"rabbitmq connection 'rabbit': missing queue {absent!r}, exchange {absent!r}; "
+        "run `bridge install`"
+    )
+    with pytest.raises(TransportError, match="does not exist"):
+        await transport.peek(absent)
+
+
+async def test_an_unreachable_broker_is_retriable() -> None:
+    transport = Transport(
+        "down",
+        RabbitMQConnection.model_validate({"type": "rabbitmq", "url": "amqp://g:g@127.0.0.1:1/"}),
+    )
+    try:
+        with pytest.raises(TransportUnavailable):
+            await transport.sink("q").send([message(1)])
+        with pytest.raises(TransportUnavailable):
+            await transport.source("q").receive_batch(10, 0.1)
+        with pytest.raises(TransportUnavailable):
+            await transport.peek("q")
+    finally:
+        await transport.close()
+
+
+async def test_a_refused_login_is_not_retriable(rabbitmq_url: str) -> None:
+    url = rabbitmq_url.replace("guest:guest@", "guest:wrong@")
+    transport = Transport(
+        "badlogin", RabbitMQConnection.model_validate({"type": "rabbitmq", "url": url})
+    )
+    try:
+        with pytest.raises(TransportError) as caught:
+            await transport.peek("q")
+        assert not caught.value.retriable
+        assert "wrong" not in str(caught.value)
+    finally:
+        await transport.close()
