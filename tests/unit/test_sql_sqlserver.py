@@ -551,3 +551,115 @@ def test_driver_errors_are_sorted_by_whether_they_go_away(dialect: SqlServerDial
     error = dialect.translate(missing)
     assert isinstance(error, TransportError) and not error.retriable
     assert dialect.translate(ValueError("not a driver error")) is None
+
+
+# -- RowVersion ranges (bulk jobs: bridge.migrate, bridge report) ------------------------------
+
+OUTPUT_DELETED = """DELETE FROM message
+OUTPUT deleted.Id,
+       CASE WHEN deleted.Expires IS NULL THEN 0
+            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
+       deleted.Headers, deleted.Body,
+       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);"""
+
+GOLDEN_RANGE = {
+    "receive_range": f"""DECLARE @lo bigint = ?, @hi bigint = ?, @n int = ?;
+WITH message AS (SELECT TOP(@n) * FROM {T} WITH (UPDLOCK, READPAST, ROWLOCK) WHERE RowVersion BETWEEN @lo AND @hi ORDER BY RowVersion)
+"""  # noqa: E501
+    + OUTPUT_DELETED,
+    "bounds": f"SELECT min(RowVersion), max(RowVersion) FROM {T} WITH (READPAST)",
+    "count_range": f"""DECLARE @lo bigint = ?, @hi bigint = ?;
+SELECT COUNT_BIG(*) FROM {T} WITH (READPAST) WHERE RowVersion BETWEEN @lo AND @hi""",
+    "scan_range": f"""DECLARE @after bigint = ?, @hi bigint = ?, @n int = ?;
+SELECT TOP(@n) Id,
+       CASE WHEN Expires IS NULL THEN 0
+            ELSE CASE WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
+       Headers, DATALENGTH(Body), RowVersion
+FROM {T} WITH (READPAST)
+WHERE RowVersion > @after AND RowVersion <= @hi ORDER BY RowVersion""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_RANGE))
+def test_range_statement_text_is_golden(name: str, dialect: SqlServerDialect) -> None:
+    assert getattr(tsql, name)(T) == GOLDEN_RANGE[name]
+    assert getattr(dialect.queue_statements(TABLE), name) == GOLDEN_RANGE[name]
+
+
+def test_range_receive_is_the_receive_with_a_rowversion_range() -> None:
+    receive, ranged = GOLDEN_DML["receive"], GOLDEN_RANGE["receive_range"]
+    assert receive.endswith(OUTPUT_DELETED) and ranged.endswith(OUTPUT_DELETED)
+    assert (
+        ranged.replace("WHERE RowVersion BETWEEN @lo AND @hi ", "").replace(
+            "@lo bigint = ?, @hi bigint = ?, ", ""
+        )
+        == receive
+    )
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_RANGE))
+def test_range_statements_parse_as_tsql_on_the_right_table(name: str) -> None:
+    trees = parse(GOLDEN_RANGE[name])
+    kinds = [type(tree).__name__ for tree in trees]
+    expected = {"receive_range": ["Declare", "Delete"], "bounds": ["Select"]}.get(
+        name, ["Declare", "Select"]
+    )
+    assert kinds == expected
+    assert {t for tree in trees for t in queue_tables(tree)} == {(CATALOG, SCHEMA, TABLE)}
+    if name != "bounds":
+        where = trees[-1].find(exp.Where)
+        assert where is not None and "RowVersion" in where.sql(dialect="tsql")
+
+
+def test_range_parameter_shapes() -> None:
+    assert placeholders(GOLDEN_RANGE["receive_range"]) == 3  # (lo, hi, n)
+    assert placeholders(GOLDEN_RANGE["count_range"]) == 2  # (lo, hi)
+    assert placeholders(GOLDEN_RANGE["scan_range"]) == 3  # (after, hi, n)
+    assert placeholders(GOLDEN_RANGE["bounds"]) == 0
+
+
+class RangeConnection(ScriptedConnection):
+    """Also answers the range statements, each with the rows it was given."""
+
+    def __init__(self, receive: list[tuple[Any, ...]], scan: list[tuple[Any, ...]]) -> None:
+        super().__init__(True, receive)
+        self.scan = scan
+
+    def answer(self, sql: str) -> list[list[tuple[Any, ...]] | None]:
+        if sql.startswith("DECLARE @lo bigint = ?, @hi bigint = ?, @n int"):
+            rows, self.receive = self.receive, []
+            return [None, rows]
+        if sql.startswith("DECLARE @after"):
+            return [None, self.scan]
+        if sql.startswith("SELECT min(RowVersion)"):
+            return [[(7, 42)]]
+        if sql.startswith("DECLARE @lo bigint = ?, @hi bigint = ?;"):
+            return [None, [(36,)]]
+        return super().answer(sql)
+
+
+async def test_range_source_and_reads_through_the_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    db = RangeConnection(
+        receive=[("A1", 0, '{"NServiceBus.MessageId":"a"}', b"x", None)],
+        scan=[("B2", 1, "not json", 12, 9), ("C3", 0, "{}", None, 10)],
+    )
+    transport = scripted(monkeypatch, db)
+    try:
+        source = transport.source(TABLE, error_queue="error", seq_range=(7, 20))
+        batch = await source.receive_batch(50, 1.0)
+        assert [m.message_id for m in batch.messages] == ["a"]
+        await batch.commit()
+        assert await transport.bounds(TABLE) == (7, 42)
+        assert await transport.count_range(TABLE, 7, 20) == 36
+        scanned = await transport.scan_range(TABLE, 8, 20, 100)
+    finally:
+        await transport.close()
+    assert ("execute", GOLDEN_RANGE["receive_range"], (7, 20, 50)) in db.log
+    assert ("execute", GOLDEN_RANGE["count_range"], (7, 20)) in db.log
+    assert ("execute", GOLDEN_RANGE["scan_range"], (8, 20, 100)) in db.log
+    assert [(r.native_id, r.expired, r.body_size, r.seq) for r in scanned] == [
+        ("B2", True, 12, 9),
+        ("C3", False, 0, 10),
+    ]

@@ -14,6 +14,9 @@ Row returned by a receive (`QueueRow`, the result columns of `QueueStatements.re
     id, expired flag (0/1, by the database clock), headers, body, remaining ms (database clock,
     None when the row never expires) and, where the database returns rows in no defined order,
     a sixth column holding the FIFO sequence number to sort by.
+
+Row read by a scan (`ScannedRow`, the result columns of `QueueStatements.scan_range`), which
+reads without taking anything: id, expired flag, headers, body size in bytes, sequence number.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ __all__ = [
     "OutgoingRow",
     "QueueRow",
     "QueueStatements",
+    "ScannedRow",
     "incoming",
     "outgoing",
     "poison_copy",
     "received_rows",
+    "scanned_rows",
 ]
 
 
@@ -50,6 +55,15 @@ class QueueStatements:
     oldest         -> at most one row: the Headers column of the oldest row
     expired        -> one row, one int: rows whose Expires is past
     purge_expired  params (batch_size,): delete up to batch_size expired rows
+
+    The sequence-range statements serve bulk jobs (`bridge.migrate`), which split a table by its
+    FIFO sequence (`seq`, SQL Server's `RowVersion`) into ranges worked on in parallel:
+
+    bounds         -> one row: (lowest seq, highest seq), both NULL when the table is empty
+    receive_range  params (lo, hi, max_rows): `receive` of the rows with lo <= seq <= hi only
+    count_range    params (lo, hi) -> one row, one int: rows with lo <= seq <= hi
+    scan_range     params (after, hi, max_rows): reads (never locks or deletes) up to max_rows
+                   `ScannedRow`s with after < seq <= hi, in seq order
     """
 
     create: tuple[str, ...]
@@ -59,6 +73,10 @@ class QueueStatements:
     oldest: str
     expired: str
     purge_expired: str
+    bounds: str
+    receive_range: str
+    count_range: str
+    scan_range: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +109,15 @@ class QueueRow:
     remaining_ms: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class ScannedRow:
+    native_id: str
+    expired: bool
+    headers: str | bytes | None
+    body_size: int
+    seq: int
+
+
 def outgoing(envelope: Envelope, now: float) -> OutgoingRow:
     """The row an NServiceBus endpoint would write for `envelope` at wall-clock time `now`.
 
@@ -121,6 +148,20 @@ def received_rows(rows: Sequence[Sequence[Any]]) -> list[QueueRow]:
             headers=row[2],
             body=_as_bytes(row[3]),
             remaining_ms=None if row[4] is None else int(row[4]),
+        )
+        for row in rows
+    ]
+
+
+def scanned_rows(rows: Sequence[Sequence[Any]]) -> list[ScannedRow]:
+    """Result rows of `scan_range`."""
+    return [
+        ScannedRow(
+            native_id=str(row[0]),
+            expired=bool(row[1]),
+            headers=row[2],
+            body_size=int(row[3] or 0),
+            seq=int(row[4]),
         )
         for row in rows
     ]

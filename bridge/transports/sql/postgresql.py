@@ -37,6 +37,12 @@ __all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport"]
 
 MAX_TABLE_NAME_BYTES = 55
 _NOW = "(now() AT TIME ZONE 'UTC')"
+_RETURNING = (
+    "RETURNING rs.id,"
+    f" CASE WHEN rs.expires IS NULL THEN 0 WHEN rs.expires > {_NOW} THEN 0 ELSE 1 END,"
+    " rs.headers, rs.body,\n"
+    f"  CAST(EXTRACT(EPOCH FROM rs.expires - {_NOW}) * 1000 AS bigint), rs.seq"
+)
 
 
 def _placeholder_safe(name: str) -> str:
@@ -103,10 +109,7 @@ class PostgresDialect(Dialect):
             receive=(
                 f"DELETE FROM {tp} rs WHERE rs.id IN "
                 f"(SELECT id FROM {tp} ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)\n"
-                "RETURNING rs.id,"
-                f" CASE WHEN rs.expires IS NULL THEN 0 WHEN rs.expires > {_NOW} THEN 0 ELSE 1 END,"
-                " rs.headers, rs.body,\n"
-                f"  CAST(EXTRACT(EPOCH FROM rs.expires - {_NOW}) * 1000 AS bigint), rs.seq"
+                f"{_RETURNING}"
             ),
             depth=f"SELECT count(*) FROM {t}",
             oldest=f"SELECT headers FROM {t} ORDER BY seq LIMIT 1",
@@ -114,6 +117,19 @@ class PostgresDialect(Dialect):
             purge_expired=(
                 f"DELETE FROM {tp} WHERE id IN "
                 f"(SELECT id FROM {tp} WHERE {expired} LIMIT %s FOR UPDATE SKIP LOCKED)"
+            ),
+            bounds=f"SELECT min(seq), max(seq) FROM {t}",
+            receive_range=(
+                f"DELETE FROM {tp} rs WHERE rs.id IN "
+                f"(SELECT id FROM {tp} WHERE seq BETWEEN %s AND %s ORDER BY seq LIMIT %s "
+                "FOR UPDATE SKIP LOCKED)\n"
+                f"{_RETURNING}"
+            ),
+            count_range=f"SELECT count(*) FROM {tp} WHERE seq BETWEEN %s AND %s",
+            scan_range=(
+                f"SELECT id, CASE WHEN {expired} THEN 1 ELSE 0 END, headers, "
+                f"octet_length(body), seq FROM {tp}\n"
+                "WHERE seq > %s AND seq <= %s ORDER BY seq LIMIT %s"
             ),
         )
 

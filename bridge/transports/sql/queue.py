@@ -20,6 +20,14 @@ Polling
     With no rows waiting, a receive polls with a backoff from 10 ms to 250 ms until its timeout
     and returns an empty batch without a transaction open.
 
+Sequence ranges
+    A source given `seq_range=(lo, hi)` receives only rows with lo <= seq <= hi (SQL Server:
+    RowVersion), oldest first, and is otherwise the same source: same transaction, expiry,
+    poison and settle rules. Bulk jobs (`bridge.migrate`) split a backlog into such ranges and
+    run one source per range in parallel, next to the service's own receivers (which skip the
+    rows a range source holds, and vice versa). `bounds`, `count_range` and `scan_range` read
+    the sequence without taking anything.
+
 Each source and sink owns one connection, driven from its own thread
 (`bridge.transports.sql.connection`); the transport keeps one more for install/check/peek.
 """
@@ -33,7 +41,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bridge.batch import Batch, Rejected
 from bridge.deadletter import error_copy
@@ -43,7 +51,14 @@ from bridge.protocols import Checkpoint, CheckpointStore
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialect import DbConnection, Dialect, scalar
-from bridge.transports.sql.layout import incoming, outgoing, poison_copy, received_rows
+from bridge.transports.sql.layout import (
+    ScannedRow,
+    incoming,
+    outgoing,
+    poison_copy,
+    received_rows,
+    scanned_rows,
+)
 from bridge.wireformat import parse_timestamp
 
 __all__ = ["QueueDepth", "SqlSink", "SqlSource", "SqlTransport"]
@@ -74,10 +89,21 @@ class _Taken:
 class SqlSource:
     """Destructive batched receive from one queue table; see the module docstring."""
 
-    def __init__(self, dialect: Dialect, address: str, error_queue: str | None = None) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        address: str,
+        error_queue: str | None = None,
+        *,
+        seq_range: tuple[int, int] | None = None,
+    ) -> None:
         self._dialect = dialect
         self._address = address
         self._statements = dialect.queue_statements(address)
+        self._receive = self._statements.receive
+        self._receive_params: tuple[int, ...] = ()
+        if seq_range is not None:
+            self._receive, self._receive_params = self._statements.receive_range, seq_range
         self._error_queue = error_queue
         if error_queue is not None:
             dialect.table(error_queue)  # an impossible name fails now, not at the first poison
@@ -122,7 +148,7 @@ class SqlSource:
     def _delete_oldest(self, max_messages: int, db: DbConnection) -> _Taken | None:
         self._dialect.begin(db)
         cursor = db.cursor()
-        cursor.execute(self._statements.receive, (max_messages,))
+        cursor.execute(self._receive, (*self._receive_params, max_messages))
         rows = received_rows(self._dialect.fetch(cursor))
         if not rows:
             db.rollback()
@@ -274,9 +300,11 @@ class SqlTransport:
         group: str | None = None,
         error_queue: str | None = None,
         checkpoint_store: CheckpointStore | None = None,
+        seq_range: tuple[int, int] | None = None,
     ) -> SqlSource:
-        """`group` and `checkpoint_store` mean nothing to a queue table and are ignored."""
-        source = SqlSource(self.dialect, address, error_queue)
+        """`group` and `checkpoint_store` mean nothing to a queue table and are ignored;
+        `seq_range` restricts the source to a range of the table (see the module docstring)."""
+        source = SqlSource(self.dialect, address, error_queue, seq_range=seq_range)
         self._opened.add(source)
         return source
 
@@ -311,6 +339,21 @@ class SqlTransport:
 
     def canonical_address(self, address: str) -> str:
         return self.dialect.canonical_address(address)
+
+    async def bounds(self, address: str) -> tuple[int, int] | None:
+        """The lowest and highest sequence number in the table; None when it is empty."""
+        (row,) = await self._read(self.dialect.queue_statements(address).bounds, ())
+        return None if row[0] is None else (int(row[0]), int(row[1]))
+
+    async def count_range(self, address: str, lo: int, hi: int) -> int:
+        """Rows with lo <= seq <= hi."""
+        (row,) = await self._read(self.dialect.queue_statements(address).count_range, (lo, hi))
+        return int(row[0] or 0)
+
+    async def scan_range(self, address: str, after: int, hi: int, limit: int) -> list[ScannedRow]:
+        """Up to `limit` rows with after < seq <= hi in seq order, read without locking them."""
+        statement = self.dialect.queue_statements(address).scan_range
+        return scanned_rows(await self._read(statement, (after, hi, limit)))
 
     def purge_expired(self, address: str, batch_size: int = 1000) -> int:
         """Delete every expired row in batches of `batch_size`, blocking; returns how many."""
@@ -347,6 +390,19 @@ class SqlTransport:
         if self._admin is None:
             self._admin = Connection(self.dialect)
         return await self._admin.run(work)
+
+    async def _read(self, statement: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
+        return await self._run(partial(self._fetch, statement, params))
+
+    def _fetch(
+        self, statement: str, params: Sequence[Any], db: DbConnection
+    ) -> Sequence[Sequence[Any]]:
+        try:
+            cursor = db.cursor()
+            cursor.execute(statement, params)
+            return self.dialect.fetch(cursor)
+        finally:
+            db.rollback()
 
     def _check(self, addresses: list[str], db: DbConnection) -> list[str]:
         try:

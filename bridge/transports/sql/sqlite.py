@@ -38,6 +38,10 @@ __all__ = ["SqliteDialect", "Transport"]
 
 _NOW = "julianday('now')"
 _EXPIRED = f"expires IS NOT NULL AND julianday(expires) <= {_NOW}"
+_RETURNING = (
+    f"RETURNING id, CASE WHEN {_EXPIRED} THEN 1 ELSE 0 END, headers, body,\n"
+    f"  CAST(round((julianday(expires) - {_NOW}) * 86400000.0) AS INTEGER), seq"
+)
 
 
 class SqliteDialect(Dialect):
@@ -90,14 +94,26 @@ class SqliteDialect(Dialect):
             ),
             receive=(
                 f"DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} ORDER BY seq LIMIT ?)\n"
-                f"RETURNING id, CASE WHEN {_EXPIRED} THEN 1 ELSE 0 END, headers, body,\n"
-                f"  CAST(round((julianday(expires) - {_NOW}) * 86400000.0) AS INTEGER), seq"
+                f"{_RETURNING}"
             ),
             depth=f"SELECT count(*) FROM {t}",
             oldest=f"SELECT headers FROM {t} ORDER BY seq LIMIT 1",
             expired=f"SELECT count(*) FROM {t} WHERE {_EXPIRED}",
             purge_expired=(
                 f"DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE {_EXPIRED} LIMIT ?)"
+            ),
+            bounds=f"SELECT min(seq), max(seq) FROM {t}",
+            receive_range=(
+                f"DELETE FROM {t} WHERE seq IN "
+                f"(SELECT seq FROM {t} WHERE seq BETWEEN ? AND ? ORDER BY seq LIMIT ?)\n"
+                f"{_RETURNING}"
+            ),
+            count_range=f"SELECT count(*) FROM {t} WHERE seq BETWEEN ? AND ?",
+            # length() of a BLOB counts bytes; the cast covers bodies stored as TEXT by others
+            scan_range=(
+                f"SELECT id, CASE WHEN {_EXPIRED} THEN 1 ELSE 0 END, headers, "
+                f"length(CAST(body AS BLOB)), seq FROM {t}\n"
+                "WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
             ),
         )
 

@@ -88,6 +88,10 @@ class SqlServerDialect(Dialect):
             oldest=tsql.oldest(t),
             expired=tsql.expired(t),
             purge_expired=tsql.purge_expired(t),
+            bounds=tsql.bounds(t),
+            receive_range=tsql.receive_range(t),
+            count_range=tsql.count_range(t),
+            scan_range=tsql.scan_range(t),
         )
 
     def checkpoint_statements(self) -> CheckpointStatements:

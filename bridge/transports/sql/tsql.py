@@ -9,10 +9,17 @@ The statements are the NServiceBus SQL Server transport's own, verbatim, with th
                       @Body varbinary(max)) as (str, int | None, str, bytes)
       receive        (@n int,)
       purge_expired  (@BatchSize int,)
+      receive_range  (@lo bigint, @hi bigint, @n int)
+      count_range    (@lo bigint, @hi bigint)
+      scan_range     (@after bigint, @hi bigint, @n int)
 - The receive takes `TOP(@n)` rows instead of `TOP(1)`, and its OUTPUT has ONE extra column
   after the spec's four: `DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires)`, the remaining
   lifetime by the database clock (NULL when the row never expires).
 - `send_without_recoverable` is the send for tables without the legacy `Recoverable` column.
+- The RowVersion-range statements of bulk jobs are this project's: `receive_range` is the
+  receive with `WHERE RowVersion BETWEEN @lo AND @hi` in its CTE (same hints, same OUTPUT);
+  `bounds`, `count_range` and `scan_range` read with `READPAST`, like the transport's peek, so
+  they never wait on rows a receiver holds; `scan_range` outputs `DATALENGTH(Body)`, not Body.
 - The checks, the `Recoverable` probe and `BridgeCheckpoints` are this project's statements;
   the two table checks are the transport's, prefixed with the catalog where one is configured
   so they look at the right database. Existence checks take the quoted name as a parameter.
@@ -28,11 +35,13 @@ __all__ = [
     "CHECKPOINT_TABLE",
     "EXISTS",
     "INT32_MAX",
+    "bounds",
     "bracket",
     "checkpoint_create",
     "checkpoint_load",
     "checkpoint_table",
     "checkpoint_upsert",
+    "count_range",
     "create_index_expires",
     "create_index_rowversion",
     "create_queue",
@@ -45,6 +54,8 @@ __all__ = [
     "oldest",
     "purge_expired",
     "receive",
+    "receive_range",
+    "scan_range",
     "send",
     "send_without_recoverable",
     "table_name",
@@ -167,17 +178,55 @@ def send_without_recoverable(table: str) -> str:
     )
 
 
+_RECEIVED = (
+    "DELETE FROM message\n"
+    "OUTPUT deleted.Id,\n"
+    "       CASE WHEN deleted.Expires IS NULL THEN 0\n"
+    "            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
+    "       deleted.Headers, deleted.Body,\n"
+    "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);"
+)
+
+
 def receive(table: str) -> str:
     return (
         "DECLARE @n int = ?;\n"
         f"WITH message AS (SELECT TOP(@n) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) "
         "ORDER BY RowVersion)\n"
-        "DELETE FROM message\n"
-        "OUTPUT deleted.Id,\n"
-        "       CASE WHEN deleted.Expires IS NULL THEN 0\n"
-        "            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
-        "       deleted.Headers, deleted.Body,\n"
-        "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);"
+        f"{_RECEIVED}"
+    )
+
+
+def receive_range(table: str) -> str:
+    return (
+        "DECLARE @lo bigint = ?, @hi bigint = ?, @n int = ?;\n"
+        f"WITH message AS (SELECT TOP(@n) * FROM {table} WITH (UPDLOCK, READPAST, ROWLOCK) "
+        "WHERE RowVersion BETWEEN @lo AND @hi ORDER BY RowVersion)\n"
+        f"{_RECEIVED}"
+    )
+
+
+def bounds(table: str) -> str:
+    return f"SELECT min(RowVersion), max(RowVersion) FROM {table} WITH (READPAST)"
+
+
+def count_range(table: str) -> str:
+    return (
+        "DECLARE @lo bigint = ?, @hi bigint = ?;\n"
+        f"SELECT COUNT_BIG(*) FROM {table} WITH (READPAST) "
+        "WHERE RowVersion BETWEEN @lo AND @hi"
+    )
+
+
+def scan_range(table: str) -> str:
+    return (
+        "DECLARE @after bigint = ?, @hi bigint = ?, @n int = ?;\n"
+        "SELECT TOP(@n) Id,\n"
+        "       CASE WHEN Expires IS NULL THEN 0\n"
+        "            ELSE CASE WHEN Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
+        "       Headers, DATALENGTH(Body), RowVersion\n"
+        f"FROM {table} WITH (READPAST)\n"
+        "WHERE RowVersion > @after AND RowVersion <= @hi ORDER BY RowVersion"
     )
 
 
