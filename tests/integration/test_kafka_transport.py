@@ -114,6 +114,22 @@ async def first_batch(source: KafkaSource, max_messages: int) -> Any:
     raise AssertionError("no batch arrived")
 
 
+async def take(source: KafkaSource, into: list[Envelope]) -> int:
+    """Receive one batch into `into` and commit it; how many messages it held."""
+    batch = await source.receive_batch(100, 0.5)
+    into.extend(batch.messages)
+    await batch.commit()
+    return len(batch.messages)
+
+
+async def join(source: KafkaSource, into: list[Envelope]) -> None:
+    """Receive (and commit) until the group gave `source` partitions."""
+    deadline = time.monotonic() + 30
+    while not source.partitions:
+        assert time.monotonic() < deadline, "the consumer never got partitions"
+        await take(source, into)
+
+
 def offset(envelope: Envelope) -> int:
     return int((envelope.native_id or "").rsplit("/", 1)[1])
 
@@ -443,13 +459,8 @@ async def test_commit_after_the_partitions_moved_on_does_not_fail_the_route(
         second = fast_source(transport, topic, group)
         # The second member's first receives join the group; the first member's partitions are
         # revoked meanwhile (its revoke grace runs out while the batch is held).
-        deadline = time.monotonic() + 30
         seen: list[Envelope] = []
-        while not second.partitions:
-            assert time.monotonic() < deadline, "the second consumer never got partitions"
-            b = await second.receive_batch(100, 0.5)
-            seen.extend(b.messages)
-            await b.commit()
+        await join(second, seen)
         with caplog.at_level(logging.WARNING, logger="bridge.kafka"):
             await batch.commit()  # logged, not raised
         assert "not committed (no longer assigned)" in caplog.text
@@ -457,9 +468,7 @@ async def test_commit_after_the_partitions_moved_on_does_not_fail_the_route(
         while len({e.message_id for e in [*held, *seen]}) < total:
             assert time.monotonic() < deadline
             for source in (first, second):
-                b = await source.receive_batch(100, 0.3)
-                seen.extend(b.messages)
-                await b.commit()
+                await take(source, seen)
     delivered = Counter(e.message_id for e in [*held, *seen])
     assert set(delivered) == {f"id-{i}" for i in range(total)}
     assert sum(delivered.values()) - total <= len(held)  # duplicates only of what was in flight
@@ -488,24 +497,13 @@ async def test_a_batch_settled_during_the_revoke_grace_hands_over_cleanly(
         monkeypatch.setattr(first, "_on_revoked", spy)
         second = fast_source(transport, topic, group)
         seen: list[Envelope] = []
-
-        async def join() -> None:
-            while not second.partitions:
-                b = await second.receive_batch(100, 0.5)
-                seen.extend(b.messages)
-                await b.commit()
-
-        joining = asyncio.create_task(join())
+        joining = asyncio.create_task(join(second, seen))
         await asyncio.wait_for(revoking.wait(), 30)
         await batch.commit()  # while the revocation waits for it
         await asyncio.wait_for(joining, 30)
         for source in (first, second):
-            while True:
-                b = await source.receive_batch(100, 0.5)
-                seen.extend(b.messages)
-                await b.commit()
-                if not b.messages:
-                    break
+            while await take(source, seen):
+                pass
     delivered = Counter(e.message_id for e in [*held, *seen])
     assert set(delivered) == {f"id-{i}" for i in range(total)}
     assert max(delivered.values()) == 1

@@ -56,13 +56,29 @@ from bridge.transports.kafka.headers import (
 )
 from bridge.transports.kafka.sink import ProducerFactory, produce
 
-__all__ = ["KafkaSource", "checkpoint_key"]
+__all__ = ["KafkaSource", "checkpoint_key", "read_records"]
 
 log = logging.getLogger("bridge.kafka")
 
 
 def checkpoint_key(group: str, topic: str, partition: int) -> str:
     return f"{group}/{topic}/{partition}"
+
+
+def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any, PoisonMessage]]]:
+    """Split aiokafka `ConsumerRecord`s into envelopes and (record, poison) pairs, in order."""
+    messages: list[Envelope] = []
+    poison: list[tuple[Any, PoisonMessage]] = []
+    for r in records:
+        try:
+            messages.append(
+                from_record(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
+            )
+        except HeadersFormatError as exc:
+            poison.append(
+                (r, poison_from_record(r.topic, r.partition, r.offset, r.value, r.headers, exc))
+            )
+    return messages, poison
 
 
 class KafkaSource:
@@ -91,6 +107,12 @@ class KafkaSource:
         self._unpositioned: set[TopicPartition] = set()  # waiting for their stored position
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
         self._copied: set[tuple[TopicPartition, int]] = set()  # poison already in error_queue
+        self._joined = False  # the group gave this consumer its (possibly empty) assignment
+
+    @property
+    def ready(self) -> bool:
+        """Whether an empty receive means an empty topic: joined, positions loaded."""
+        return self._joined and not self._unpositioned
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -106,27 +128,16 @@ class KafkaSource:
             fetched = await consumer.getmany(
                 timeout_ms=max(0, int(timeout * 1000)), max_records=max_messages
             )
+        records = [r for partition_records in fetched.values() for r in partition_records]
+        if not records:
+            return Batch()
         first: dict[TopicPartition, int] = {}
         after: dict[TopicPartition, int] = {}
-        messages: list[Envelope] = []
-        poison: list[tuple[Any, PoisonMessage]] = []
-        for tp, records in fetched.items():
-            for r in records:
-                first.setdefault(tp, r.offset)
-                after[tp] = r.offset + 1
-                try:
-                    messages.append(
-                        from_record(
-                            r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp
-                        )
-                    )
-                except HeadersFormatError as exc:
-                    copy = poison_from_record(
-                        r.topic, r.partition, r.offset, r.value, r.headers, exc
-                    )
-                    poison.append((r, copy))
-        if not first:
-            return Batch()
+        for r in records:
+            tp = TopicPartition(r.topic, r.partition)
+            first.setdefault(tp, r.offset)
+            after[tp] = r.offset + 1
+        messages, poison = read_records(records)
         try:
             await self._copy_poison(poison)
         except BaseException:
@@ -250,6 +261,7 @@ class KafkaSource:
         self._unpositioned = set()
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._joined = True
         if self._store is None or self._consumer is None or not assigned:
             return
         self._consumer.pause(*assigned)  # before any await: nothing fetched from the wrong place
