@@ -286,7 +286,16 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _migrate(args: argparse.Namespace) -> int:
     _load(args)
-    raise BridgeError("bridge migrate needs the Spark job, which this build does not include yet")
+    from bridge.migrate import require_spark
+
+    require_spark("migrate")
+    from bridge.migrate.driver import migrate
+    from bridge.migrate.spec import JobSpec
+
+    spec = JobSpec.from_file(args.config, args.route)
+    summary = await migrate(spec, master=args.master, partitions=args.partitions)
+    print(summary.describe())
+    return 0
 
 
 _COMMANDS = {
