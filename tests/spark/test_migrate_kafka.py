@@ -1,0 +1,215 @@
+"""`bridge migrate` with Kafka on either side, on the local broker: PostgreSQL -> Kafka (read
+back with a plain consumer), and Kafka -> PostgreSQL exactly-once (a retried task, a second
+run, and the service resuming from the positions the job stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from bridge.config.loader import load_config
+from bridge.envelope import Envelope
+from bridge.migrate.driver import migrate
+from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
+from bridge.protocols import Transport
+from bridge.transports import load
+from tests.conftest import unique
+from tests.spark.conftest import write_routes
+from tests.spark.data import by_id, message, pg_insert_raw, pg_raw_headers, pg_rows
+
+pytestmark = pytest.mark.integration
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, pg_dsn: str, schema: str, kafka: str) -> None:
+        self.pg_dsn, self.schema, self.kafka = pg_dsn, schema, kafka
+        self.queue, self.topic = unique("Orders"), unique("orders")
+        self.group, self.errors = unique("group"), unique("errors")
+        self.config = write_routes(
+            tmp_path / "routes.yaml",
+            f"""
+            shop: {{type: postgresql, dsn: "{pg_dsn}", schema: "{schema}"}}
+            kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,
+                     partitions: 3}}
+            """,
+            f"""
+            - name: to-kafka
+              from: {{connection: shop, queue: "{self.queue}"}}
+              to: {{connection: kafka, topic: "{self.topic}"}}
+            - name: from-kafka
+              from: {{connection: kafka, topic: "{self.topic}", group: "{self.group}"}}
+              to: {{connection: shop, queue: "{self.queue}"}}
+              error_queue: "{self.errors}"
+              batch_size: 40
+            """,
+        )
+
+    def transport(self, name: str) -> Transport:
+        return load(name, load_config(self.config).config.connections[name])
+
+    async def install(self) -> None:
+        for name, addresses in (
+            ("shop", [self.queue, "bridge.error"]),
+            ("kafka", [self.topic, self.errors]),
+        ):
+            transport = self.transport(name)
+            await transport.install(addresses)
+            await transport.close()
+
+    async def read(self, topic: str) -> list[Any]:
+        """Every record of `topic`, partition by partition."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.kafka, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            await consumer.topics()
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            records: list[Any] = []
+            deadline = time.monotonic() + 30
+            while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+                assert time.monotonic() < deadline, "records missing from the topic"
+                for batch in (await consumer.getmany(timeout_ms=500)).values():
+                    records.extend(batch)
+            return records
+        finally:
+            await consumer.stop()
+
+    async def produce(self, records: Sequence[tuple[Envelope, int, int | None]]) -> dict[int, int]:
+        """Write (envelope, partition, timestamp) records as a foreign producer would;
+        returns the end offset of each partition."""
+        producer = AIOKafkaProducer(bootstrap_servers=self.kafka, enable_idempotence=False)
+        await producer.start()
+        try:
+            end: dict[int, int] = {}
+            for envelope, partition, stamp in records:
+                headers = [(k, None if v is None else v.encode()) for k, v in envelope.headers]
+                sent = await producer.send_and_wait(
+                    self.topic,
+                    envelope.body,
+                    key=str(envelope.message_id).encode(),
+                    headers=headers,
+                    partition=partition,
+                    timestamp_ms=stamp,
+                )
+                end[partition] = sent.offset + 1
+            return end
+        finally:
+            await producer.stop()
+
+    def checkpoints(self) -> dict[str, int]:
+        with psycopg.connect(self.pg_dsn) as db:
+            rows = db.execute(
+                f'SELECT name, position FROM "{self.schema}"."BridgeCheckpoints"'
+            ).fetchall()
+        return {str(name): int(position) for name, position in rows}
+
+
+async def test_postgresql_to_kafka_carries_every_header_and_body(
+    spark: Any, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str
+) -> None:
+    setup = Setup(tmp_path, pg_dsn, pg_schema, kafka_bootstrap)
+    await setup.install()
+    shop = setup.transport("shop")
+    sink = shop.sink(setup.queue)
+    sent = [message(n) for n in range(2000)]
+    await sink.send(sent[:1000])
+    pg_insert_raw(pg_dsn, pg_schema, setup.queue, "[1, 2]", b"poison")
+    await sink.send(sent[1000:] + [message(5000 + n, ttl=-1) for n in range(7)])
+    await shop.close()
+
+    summary = await migrate(
+        JobSpec.from_file(str(setup.config), "to-kafka"), master=None, partitions=5
+    )
+
+    assert (summary.moved.moved, summary.moved.expired, summary.moved.poison) == (2000, 7, 1)
+    assert pg_rows(pg_dsn, pg_schema, setup.queue) == []
+    assert pg_raw_headers(pg_dsn, pg_schema, "bridge.error") == ["[1, 2]"]
+    records = await setup.read(setup.topic)
+    assert len(records) == 2000
+    got = {r.key.decode(): r for r in records}
+    for envelope in sent:
+        record = got[str(envelope.message_id)]
+        headers = [(k, None if v is None else v.decode()) for k, v in record.headers]
+        assert headers == list(envelope.headers)
+        assert record.value == envelope.body
+
+
+async def test_kafka_to_postgresql_is_exactly_once_and_the_service_resumes(
+    spark: Any,
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = Setup(tmp_path, pg_dsn, pg_schema, kafka_bootstrap)
+    await setup.install()
+    live = [message(n) for n in range(1500)]
+    an_hour_ago = int((time.time() - 3600) * 1000)
+    stale = message(9000)
+    stale.headers.set("NServiceBus.TimeToBeReceived", "00:01:00")
+    records = [(m, n % 3, None) for n, m in enumerate(live)] + [(stale, 1, an_hour_ago)]
+    end = await setup.produce(records)
+    poisoned = await _produce_poison(setup, partition=2)
+    end[2] = poisoned
+
+    monkeypatch.setenv(FAIL_AFTER_ENV, "3")  # the first task dies once, after a stored batch
+    spec = JobSpec.from_file(str(setup.config), "from-kafka")
+    summary = await migrate(spec, master=None)
+
+    assert summary.retried_tasks == 1 and summary.tasks == 3
+    assert (summary.moved.expired, summary.moved.poison) == (1, 1)
+    rows = pg_rows(pg_dsn, pg_schema, setup.queue)
+    assert len(rows) == 1500  # nothing twice, even after the retry
+    got = by_id(rows)
+    for envelope in live:
+        assert got[str(envelope.message_id)] == (envelope.headers, envelope.body)
+    assert setup.checkpoints() == {f"{setup.group}/{setup.topic}/{p}": end[p] for p in range(3)}
+    copies = await setup.read(setup.errors)
+    assert len(copies) == 1 and copies[0].value == b"poison"
+
+    monkeypatch.delenv(FAIL_AFTER_ENV)
+    again = await migrate(JobSpec.from_file(str(setup.config), "from-kafka"), master=None)
+    assert (again.planned, again.moved.moved, again.tasks) == (0, 0, 0)
+    assert len(pg_rows(pg_dsn, pg_schema, setup.queue)) == 1500
+
+    more = [message(20_000 + n) for n in range(10)]
+    await setup.produce([(m, n % 3, None) for n, m in enumerate(more)])
+    service = await asyncio.to_thread(
+        subprocess.run,
+        [
+            *(sys.executable, "-m", "bridge", "run", "--route", "from-kafka"),
+            *("--until-idle", "2", "-c", str(setup.config), "--log-level", "WARNING"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert service.returncode == 0, service.stderr
+    rows = pg_rows(pg_dsn, pg_schema, setup.queue)
+    assert len(rows) == 1510 and by_id(rows).keys() >= {str(m.message_id) for m in more}
+
+
+async def _produce_poison(setup: Setup, partition: int) -> int:
+    """A record with a header that is not UTF-8; returns the partition's end offset."""
+    producer = AIOKafkaProducer(bootstrap_servers=setup.kafka, enable_idempotence=False)
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(
+            setup.topic, b"poison", headers=[("bad", b"\xff\xfe")], partition=partition
+        )
+        return int(sent.offset) + 1
+    finally:
+        await producer.stop()
