@@ -281,7 +281,7 @@ async def _collect(
     group = f"bridge-migrate-{uuid.uuid4().hex[:12]}"
 
     def collect() -> list[Moved]:
-        sc.setJobGroup(group, f"bridge migrate {route}", interruptOnCancel=True)
+        sc.setJobGroup(group, f"bridge migrate {route}", interruptOnCancel=False)
         return rdd.collect()
 
     started = time.monotonic()

@@ -1,0 +1,189 @@
+"""`bridge migrate` as users call it: exit codes 0/1/2, the summary, no traceback; the
+`spark-submit` entry point; and the runtime never importing PySpark."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from bridge.cli import main
+from bridge.config.loader import load_config
+from bridge.transports import load
+from tests.spark.conftest import write_routes
+from tests.spark.data import message, pg_rows
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
+    """`bridge ...` in this process (on the test run's SparkSession), logging restored after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err, err
+        return code, out, err
+
+    yield run
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture
+async def routes(tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str) -> Path:
+    path = write_routes(
+        tmp_path / "routes.yaml",
+        f"""
+        shop: {{type: postgresql, dsn: "{pg_dsn}", schema: "{pg_schema}"}}
+        local: {{type: sqlite, path: "{tmp_path / "local.db"}"}}
+        kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}", idempotence: false}}
+        """,
+        """
+        - name: to-local
+          from: {connection: shop, queue: Orders}
+          to: {connection: local, queue: Orders}
+        - name: to-missing
+          from: {connection: shop, queue: Orders}
+          to: {connection: local, queue: Missing}
+        - name: to-broken
+          from: {connection: shop, queue: Orders}
+          to: {connection: shop, queue: Broken}
+        - name: kafka-to-kafka
+          from: {connection: kafka, topic: a, group: g}
+          to: {connection: kafka, topic: b}
+        """,
+    )
+    config = load_config(path).config
+    shop = load("shop", config.connections["shop"])
+    local = load("local", config.connections["local"])
+    await shop.install(["Orders", "bridge.error"])
+    await local.install(["Orders"])
+    sink = shop.sink("Orders")
+    await sink.send([message(n) for n in range(300)])
+    await sink.close()
+    await shop.close()
+    await local.close()
+    return path
+
+
+def test_migrate_prints_the_summary_and_exits_0(spark: Any, cli: Cli, routes: Path) -> None:
+    code, out, err = cli("migrate", "--route", "to-local", "-c", str(routes), "--partitions", "3")
+    assert code == 0, err
+    assert "migrated route to-local (postgresql shop/Orders -> sqlite local/Orders)" in out
+    assert "  moved    300\n" in out and "  tasks    3\n" in out
+    assert "msg/s" in out
+
+
+def test_config_and_usage_errors_exit_2(cli: Cli, routes: Path, tmp_path: Path) -> None:
+    code, _, err = cli("migrate", "--route", "nope", "-c", str(routes))
+    assert code == 2 and "no route named 'nope' (known: to-local" in err
+    code, _, err = cli("migrate", "--route", "kafka-to-kafka", "-c", str(routes))
+    assert code == 2 and "kafka -> kafka" in err and "bridge run --until-idle" in err
+    code, _, err = cli("migrate", "--route", "to-local", "-c", str(routes), "--partitions", "0")
+    assert code == 2 and "--partitions" in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(routes.read_text().replace("queue: Orders}", "queue: Orders, x: 1}", 1))
+    code, _, err = cli("migrate", "--route", "to-local", "-c", str(broken))
+    assert code == 2 and "unknown key 'x'" in err
+
+
+def test_a_missing_table_exits_1_before_spark_starts(cli: Cli, routes: Path) -> None:
+    code, _, err = cli("migrate", "--route", "to-missing", "-c", str(routes))
+    assert code == 1
+    assert err.startswith("bridge migrate: ") and "does not exist (run `bridge install`)" in err
+
+
+def test_a_task_failing_for_good_exits_1_and_loses_nothing(
+    spark: Any, cli: Cli, routes: Path, pg_dsn: str, pg_schema: str
+) -> None:
+    with psycopg.connect(pg_dsn) as db:  # a table the rows cannot go into
+        db.execute(
+            f'CREATE TABLE "{pg_schema}"."Broken" (id uuid PRIMARY KEY, expires timestamp, '
+            "headers text NOT NULL, body bytea, seq serial, owner text NOT NULL)"
+        )
+    code, out, err = cli("migrate", "--route", "to-broken", "-c", str(routes))
+    assert code == 1 and out == ""
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("bridge migrate: route to-broken: TransportError:") and '"owner"' in last
+    assert len(pg_rows(pg_dsn, pg_schema, "Orders")) == 300
+
+
+def test_without_pyspark_migrate_says_what_to_install(routes: Path) -> None:
+    hide = "import sys; sys.modules['pyspark'] = None; from bridge.cli import main; "
+    result = subprocess.run(
+        [
+            *(sys.executable, "-c", hide + "raise SystemExit(main(sys.argv[1:]))"),
+            *("migrate", "--route", "to-local", "-c", str(routes)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "PySpark is not installed: pip install 'bridge[spark]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_spark_submit_runs_the_job_module(routes: Path, pg_dsn: str, pg_schema: str) -> None:
+    venv = Path(sys.executable).parent
+    result = subprocess.run(
+        [
+            str(venv / "spark-submit"),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(REPO / "bridge" / "migrate" / "job.py"),
+            *("--route", "to-local", "-c", str(routes), "--partitions", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PATH": f"{venv}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        },
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "  moved    300\n" in result.stdout and "  tasks    2\n" in result.stdout
+    assert pg_rows(pg_dsn, pg_schema, "Orders") == []
+
+
+def test_the_runtime_never_imports_pyspark() -> None:
+    modules = [
+        "bridge.cli",
+        "bridge.routing.supervisor",
+        "bridge.transports.sql.sqlite",
+        "bridge.transports.sql.postgresql",
+        "bridge.transports.sql.sqlserver",
+        "bridge.transports.kafka",
+        "bridge.migrate",
+    ]
+    probe = f"import sys; import {', '.join(modules)}; print('pyspark' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip() == "False", result.stderr
+    offenders = [
+        path.relative_to(REPO)
+        for path in (REPO / "bridge").rglob("*.py")
+        if "pyspark" in path.read_text() and "migrate" not in path.parts
+    ]
+    assert offenders == []
