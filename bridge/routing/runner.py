@@ -73,6 +73,8 @@ class RouteRunner:
         self._translate = Translator(route)
         self._stopping = asyncio.Event()
         self._busy = 0
+        self._not_ready: set[int] = set(range(route.concurrency))
+        self._polled_at: float | None = None
         self.stats = RouteStats()
         self.metrics = metrics or Metrics().for_route(route.name)
         self.tracing = tracing or RouteTracing(route)
@@ -80,8 +82,14 @@ class RouteRunner:
 
     @property
     def idle_for(self) -> float:
-        """Seconds since any loop last received a message (0 while one is busy)."""
-        return 0.0 if self._busy else time.monotonic() - self.stats.last_activity
+        """Seconds since any loop last received a message.
+
+        0 while a loop is busy, in backoff, or has not yet looked at its source: a Kafka
+        consumer still joining its group has not seen an empty topic.
+        """
+        if self._busy or self._polled_at is None or self.stats.state == "backoff":
+            return 0.0
+        return time.monotonic() - max(self.stats.last_activity, self._polled_at)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -111,6 +119,7 @@ class RouteRunner:
             while not self._stopping.is_set():
                 try:
                     await self._forward_one_batch(source, sink)
+                    self._mark_polled(index, source)
                     backoff.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
                     if not getattr(exc, "retriable", False) and self._stop_on_fatal:
@@ -121,6 +130,20 @@ class RouteRunner:
                     await self._back_off(exc, backoff)
         finally:
             await _close(source, sink)
+
+    def _mark_polled(self, index: int, source: Source) -> None:
+        """Track whether each loop's last receive really looked at an empty source.
+
+        A source may say otherwise through `ready` (a Kafka consumer still joining its group,
+        or holding only some partitions of a topic that is not drained).
+        """
+        if getattr(source, "ready", True):
+            self._not_ready.discard(index)
+            if not self._not_ready and self._polled_at is None:
+                self._polled_at = time.monotonic()
+        else:
+            self._not_ready.add(index)
+            self._polled_at = None
 
     async def _forward_one_batch(self, source: Source, sink: Sink) -> None:
         batch = await source.receive_batch(self.route.batch_size, self._poll_timeout)

@@ -237,7 +237,7 @@ async def test_kafka_to_sql_resumes_after_restart_without_loss(setup: Setup) -> 
 
 
 async def test_kafka_to_sql_survives_kill_9_exactly_once(setup: Setup) -> None:
-    total = 3000
+    total = 20_000
     producer = AIOKafkaProducer(bootstrap_servers=setup.kafka, acks="all", enable_idempotence=False)
     await producer.start()
     try:
@@ -247,22 +247,31 @@ async def test_kafka_to_sql_survives_kill_9_exactly_once(setup: Setup) -> None:
     finally:
         await producer.stop()
     rng = random.Random(os.getpid())
-    kills = 0
-    for _ in range(4):
+    kills, delivered_at_kill = 0, []
+    for _ in range(3):
+        before = (await setup.db.peek(setup.back)).depth
+        if before >= total:
+            break
         process = setup.bridge("run", "--route", "from-kafka")
-        await asyncio.sleep(rng.uniform(1.5, 4.0))
+        deadline = time.monotonic() + 60
+        while (await setup.db.peek(setup.back)).depth == before:  # consuming has begun
+            assert time.monotonic() < deadline and process.poll() is None
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(rng.uniform(0.0, 0.4))
         process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(process.communicate)
         kills += 1
+        delivered_at_kill.append((await setup.db.peek(setup.back)).depth)
     await asyncio.to_thread(setup.run, "run", "--route", "from-kafka", "--until-idle", "2")
     rows = await setup.drain_sql(setup.back)
     bodies = Counter(e.body for e in rows)
     lost = total - len(bodies)
     duplicated = sum(bodies.values()) - len(bodies)
     print(
-        f"kafka->sql kill -9 x{kills}: sent={total} delivered={len(rows)} "
-        f"lost={lost} duplicated={duplicated}"
+        f"kafka->sql kill -9 x{kills} at rows {delivered_at_kill}: sent={total} "
+        f"delivered={len(rows)} lost={lost} duplicated={duplicated}"
     )
+    assert kills >= 1 and delivered_at_kill[0] < total  # killed mid-stream at least once
     assert lost == 0
     assert duplicated == 0
     ids = {e.message_id for e in rows}

@@ -108,11 +108,49 @@ class KafkaSource:
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
         self._copied: set[tuple[TopicPartition, int]] = set()  # poison already in error_queue
         self._joined = False  # the group gave this consumer its (possibly empty) assignment
+        self._drained = False
+        self._drained_checked = 0.0
 
     @property
     def ready(self) -> bool:
-        """Whether an empty receive means an empty topic: joined, positions loaded."""
-        return self._joined and not self._unpositioned
+        """Whether the last empty receive meant an empty topic for the whole group.
+
+        A consumer that joined may still hold only some partitions (the rest wait for a dead
+        member's session to expire), so every partition must have reached its end offset: by
+        this consumer's position where it holds the partition, else by the group's committed
+        offset or the destination's stored position. (tansu reports the end offset of a
+        multi-record batch short, so there this is a little optimistic.)
+        """
+        return self._joined and not self._unpositioned and self._drained
+
+    async def _check_drained(self, every: float = 1.0) -> None:
+        now = time.monotonic()
+        consumer = self._consumer
+        if consumer is None or not self._joined or now - self._drained_checked < every:
+            return
+        self._drained_checked = now
+        partitions = [
+            TopicPartition(self.topic, p) for p in consumer.partitions_for_topic(self.topic) or ()
+        ]
+        if not partitions:
+            self._drained = False
+            return
+        ends = await consumer.end_offsets(partitions)
+        assigned = consumer.assignment()
+        stored = (
+            await self._store.load_checkpoint(f"{self.group}/{self.topic}/") if self._store else {}
+        )
+        for tp in partitions:
+            if tp in assigned:
+                position = await consumer.position(tp)
+            else:
+                committed = await consumer.committed(tp) or 0
+                key = checkpoint_key(self.group, tp.topic, tp.partition)
+                position = max(committed, stored.get(key, 0))
+            if position < ends[tp]:
+                self._drained = False
+                return
+        self._drained = True
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
@@ -130,7 +168,10 @@ class KafkaSource:
             )
         records = [r for partition_records in fetched.values() for r in partition_records]
         if not records:
+            with kafka_errors(f"read the end offsets of topic {self.topic!r}"):
+                await self._check_drained()
             return Batch()
+        self._drained = False
         first: dict[TopicPartition, int] = {}
         after: dict[TopicPartition, int] = {}
         for r in records:
