@@ -72,6 +72,11 @@ class KafkaConnection(Strict):
     linger_ms: int = Field(5, ge=0, description="Producer linger before sending a batch.")
     max_batch_size: int = Field(1_048_576, gt=0, description="Producer batch size in bytes.")
     max_request_size: int = Field(1_048_576, gt=0, description="Largest record accepted.")
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1_000,
+        description="Consumer group session timeout: how soon a dead bridge's partitions move.",
+    )
     partitions: int = Field(3, gt=0, description="Partitions of topics `bridge install` creates.")
     replication_factor: int = Field(1, gt=0, description="Replication of created topics.")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

@@ -84,6 +84,7 @@ async def place(request: pytest.FixtureRequest) -> AsyncIterator[Place]:
                 idempotence=False,
                 partitions=1,
                 max_request_size=4 * 1024 * 1024,
+                session_timeout_ms=3000,
             ),
         )
     address = unique("q")

@@ -53,7 +53,7 @@ class Setup:
                 connections:
                   db: {connection_yaml(dialect, tmp_path, pg_dsn, schema)}
                   kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,
-                           partitions: 3}}
+                           partitions: 3, session_timeout_ms: 3000}}
                 routes:
                   - name: to-kafka
                     from: {{connection: db, queue: "{self.queue}"}}

@@ -93,4 +93,6 @@ def consumer_kwargs(config: KafkaConnection, group: str | None) -> dict[str, Any
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": max(_MIN_FETCH_BYTES, config.max_request_size),
+        "session_timeout_ms": config.session_timeout_ms,
+        "heartbeat_interval_ms": max(100, config.session_timeout_ms // 3),
     }
