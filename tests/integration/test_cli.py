@@ -145,9 +145,3 @@ def test_secrets_never_reach_the_output(routes: Path) -> None:
     assert result.returncode == 1
     assert secret not in result.stdout + result.stderr
     assert "hunter2" not in result.stdout + result.stderr
-
-
-def test_migrate_without_spark_is_a_clear_runtime_error(routes: Path) -> None:
-    result = bridge("migrate", "--route", "local-to-shop", "-c", str(routes))
-    assert result.returncode == 1
-    assert "Spark" in result.stderr
