@@ -93,6 +93,18 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--route", required=True)
     migrate.add_argument("--master", default="local[*]")
     migrate.add_argument("--partitions", type=int)
+
+    report = commands.add_parser(
+        "report", parents=[common], help="what queue tables hold (read-only, with PySpark)"
+    )
+    report.add_argument("connection", help="a SQL connection")
+    report.add_argument("queue", nargs="+", help="queue tables to read")
+    output = report.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print JSON")
+    output.add_argument("--csv", action="store_true", help="print CSV")
+    report.add_argument("--top", type=int, default=10, help="largest messages listed")
+    report.add_argument("--master", default="local[*]", help="Spark master URL")
+    report.add_argument("--partitions", type=int, help="ranges per queue")
     return parser
 
 
@@ -298,6 +310,30 @@ async def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _report(args: argparse.Namespace) -> int:
+    config = _load(args).config
+    if args.connection not in config.connections:
+        known = ", ".join(sorted(config.connections)) or "none"
+        raise UsageError(f"no connection named {args.connection!r} in the config (known: {known})")
+    from bridge.migrate import require_spark
+
+    require_spark("report")
+    from bridge.migrate.render import render
+    from bridge.migrate.report import build_report
+    from bridge.migrate.spec import ShippedConfig
+
+    report = await build_report(
+        ShippedConfig.read(args.config),
+        args.connection,
+        args.queue,
+        top=args.top,
+        master=args.master,
+        partitions=args.partitions,
+    )
+    print(render(report, "json" if args.json else "csv" if args.csv else "table"), end="")
+    return 0
+
+
 _COMMANDS = {
     "check": _check,
     "install": _install,
@@ -305,6 +341,7 @@ _COMMANDS = {
     "send": _send,
     "peek": _peek,
     "migrate": _migrate,
+    "report": _report,
 }
 
 

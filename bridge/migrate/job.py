@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         spec = JobSpec.from_file(args.config, args.route)
-        spec.remember_secrets()
+        spec.shipped.remember_secrets()
         summary = asyncio.run(migrate(spec, master=args.master, partitions=args.partitions))
     except ConfigError as exc:
         print(redactor(str(exc)), file=sys.stderr)

@@ -1,6 +1,7 @@
-"""What the driver ships to every task: the routes file's text, the values of the environment
-variables it references, and the route's name. Each task parses the file itself, so a task
-builds exactly the transports the service would, on whatever machine Spark runs it.
+"""What the driver ships to every task: the routes file's text and the values of the
+environment variables it references (`ShippedConfig`), plus what the job is about. Each task
+parses the file itself, so it builds exactly the transports the service would, on whatever
+machine Spark runs it.
 
 Secrets travel inside the task closure only (Spark serializes it, never logs it); `env` is
 left out of `repr`.
@@ -17,7 +18,7 @@ from bridge.config.models import BridgeConfig, Route
 from bridge.errors import ConfigError
 from bridge.telemetry.redact import redactor
 
-__all__ = ["FAIL_AFTER_ENV", "JobSpec"]
+__all__ = ["FAIL_AFTER_ENV", "JobSpec", "ShippedConfig"]
 
 #: Test hook: the first attempt of the job's first task fails right after its N-th send,
 #: before that batch is committed (the retry then sends that batch again).
@@ -25,16 +26,14 @@ FAIL_AFTER_ENV = "BRIDGE_MIGRATE_TEST_FAIL_AFTER"
 
 
 @dataclass(frozen=True)
-class JobSpec:
-    config_text: str
-    config_file: str
-    route_name: str
+class ShippedConfig:
+    text: str
+    file: str
     env: dict[str, str] = field(default_factory=dict, repr=False)
-    fail_after: int | None = None
 
     @classmethod
-    def from_file(cls, path: str, route_name: str) -> JobSpec:
-        """Read and validate the routes file; raise ConfigError for it or an unknown route."""
+    def read(cls, path: str) -> ShippedConfig:
+        """Read and validate the routes file (ConfigError when it is not valid)."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -42,32 +41,44 @@ class JobSpec:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read config: {exc}", path) from None
         loaded = parse_config(text, path)
-        env = {name: os.environ[name] for name in loaded.variables if name in os.environ}
-        hook = os.environ.get(FAIL_AFTER_ENV)
-        spec = cls(text, path, route_name, env, int(hook) if hook else None)
-        spec.route(loaded.config)  # an unknown route is a config error before Spark starts
-        return spec
+        return cls(text, path, {n: os.environ[n] for n in loaded.variables if n in os.environ})
 
-    def load(self) -> tuple[BridgeConfig, Route]:
-        """The config and the route, parsed from the shipped text (in a task or the driver)."""
-        config = parse_config(self.config_text, self.config_file, env=self.env).config
-        return config, self.route(config)
-
-    def route(self, config: BridgeConfig) -> Route:
-        try:
-            return config.route(self.route_name)
-        except KeyError:
-            known = ", ".join(r.name for r in config.routes) or "none"
-            raise ConfigError(
-                f"no route named {self.route_name!r} (known: {known})", self.config_file
-            ) from None
+    def config(self) -> BridgeConfig:
+        """The config, parsed from the shipped text with the shipped environment values."""
+        return parse_config(self.text, self.file, env=self.env).config
 
     def remember_secrets(self) -> None:
         """Teach the process's redactor the passwords of the config (the CLI does it too)."""
-        config = parse_config(self.config_text, self.config_file, env=self.env).config
-        for connection in config.connections.values():
+        for connection in self.config().connections.values():
             for attr in ("dsn", "url"):
                 value = getattr(connection, attr, None)
                 if isinstance(value, str):
                     redactor.add_from_dsn(value)
             redactor.add([getattr(connection, "sasl_password", None)])
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A migration: the shipped config and the route to move."""
+
+    shipped: ShippedConfig
+    route_name: str
+    fail_after: int | None = None
+
+    @classmethod
+    def from_file(cls, path: str, route_name: str) -> JobSpec:
+        """Raise ConfigError for an invalid file or an unknown route, before Spark starts."""
+        hook = os.environ.get(FAIL_AFTER_ENV)
+        spec = cls(ShippedConfig.read(path), route_name, int(hook) if hook else None)
+        spec.load()
+        return spec
+
+    def load(self) -> tuple[BridgeConfig, Route]:
+        config = self.shipped.config()
+        try:
+            return config, config.route(self.route_name)
+        except KeyError:
+            known = ", ".join(r.name for r in config.routes) or "none"
+            raise ConfigError(
+                f"no route named {self.route_name!r} (known: {known})", self.shipped.file
+            ) from None

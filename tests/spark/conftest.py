@@ -8,10 +8,11 @@ requirements: a missing one fails the tests, it never skips them.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,29 @@ def spark() -> Iterator[Any]:
         pytest.fail(f"Spark could not start (it needs Java 17+): {exc}")
     yield session
     session.stop()
+
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
+    """`bridge ...` in this process (on the test run's SparkSession): (exit code, stdout,
+    stderr), never a traceback; the logging set-up it changes is put back afterwards."""
+    from bridge.cli import main
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err, err
+        return code, out, err
+
+    yield run
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def write_routes(path: Path, connections: str, routes: str) -> Path:

@@ -3,44 +3,23 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from bridge.cli import main
 from bridge.config.loader import load_config
 from bridge.transports import load
-from tests.spark.conftest import write_routes
+from tests.spark.conftest import Cli, write_routes
 from tests.spark.data import message, pg_rows
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-Cli = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
-    """`bridge ...` in this process (on the test run's SparkSession), logging restored after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err, err
-        return code, out, err
-
-    yield run
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture
