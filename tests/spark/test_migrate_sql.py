@@ -5,6 +5,8 @@ and with a task that fails on its first attempt.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +98,20 @@ class Setup:
 
 
 async def test_postgresql_to_sqlite_carries_every_header_and_body(
-    spark: Any, tmp_path: Path, pg_dsn: str, pg_schema: str
+    spark: Any,
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     setup = Setup(tmp_path, pg_dsn, pg_schema)
     await setup.install()
     live = await setup.fill(ROWS, expired=25, poison=4, ttl=10)
+    caplog.set_level(logging.INFO, logger="bridge.migrate")
 
-    summary = await migrate(JobSpec.from_file(str(setup.config), "to-local"), master=None)
+    summary = await migrate(
+        JobSpec.from_file(str(setup.config), "to-local"), master=None, progress_every=0.05
+    )
 
     assert (summary.moved.moved, summary.moved.expired, summary.moved.poison) == (ROWS, 25, 4)
     assert summary.planned == ROWS + 25 + 4 and summary.tasks == 8 and not summary.retried_tasks
@@ -116,6 +125,12 @@ async def test_postgresql_to_sqlite_carries_every_header_and_body(
         assert body == envelope.body
     assert sum(1 for _, _, expires in delivered if expires is not None) == 10
     assert pg_raw_headers(pg_dsn, pg_schema, "bridge.error") == ["{not json"] * 4
+    progress = [r.getMessage() for r in caplog.records if "moved (" in r.getMessage()]
+    assert progress, "no progress line while the job ran"
+    assert re.fullmatch(
+        rf"route to-local: \d+/{ROWS + 29} moved \(\d+%\), \d+ msg/s, tasks \d/8 finished",
+        progress[-1],
+    )
 
 
 async def test_same_database_route_moves_inside_one_transaction(
