@@ -1,7 +1,8 @@
 """pika failures translated into the bridge's error tree, in this one place.
 
 Retriable (`TransportUnavailable`): the broker cannot be reached or the connection broke
-(`AMQPConnectionError` and its subclasses: refused, `StreamLostError`, heartbeat timeout,
+(`AMQPConnectionError` and its subclasses, pika's connection-workflow failures: refused, name
+not resolved, `StreamLostError`, heartbeat timeout,
 blocked too long, `ConnectionClosed` with 320 CONNECTION_FORCED on a broker shutdown), a channel
 or connection found closed under us (`ChannelWrongStateError`, `ConnectionWrongStateError`),
 `OSError`/`TimeoutError`, and the reply codes that describe a passing condition: 320
@@ -29,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pika import exceptions as amqp
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from bridge.errors import BridgeError, MessageRejected, TransportError, TransportUnavailable
 
@@ -45,12 +47,25 @@ __all__ = [
 RETRIABLE_CODES = frozenset({320, 405, 504, 506, 541})
 
 #: What pika and the sockets under it raise; anything else is a bug and propagates as is.
-DRIVER_ERRORS: tuple[type[BaseException], ...] = (amqp.AMQPError, OSError, TimeoutError)
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    amqp.AMQPError,
+    AMQPConnectorException,
+    OSError,
+    TimeoutError,
+)
 
 _LOGIN_REFUSED: tuple[type[BaseException], ...] = (
     amqp.ProbableAuthenticationError,
     amqp.ProbableAccessDeniedError,
     amqp.AuthenticationError,
+)
+
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    amqp.AMQPConnectionError,
+    amqp.AMQPChannelError,
+    AMQPConnectorException,
+    OSError,
+    TimeoutError,
 )
 
 _PER_MESSAGE: tuple[type[BaseException], ...] = (
@@ -73,10 +88,29 @@ def _detail(exc: BaseException) -> str:
     text = getattr(exc, "reply_text", None)
     if isinstance(exc, amqp.ChannelClosed | amqp.ConnectionClosed) and text is not None:
         return f"({code}) {text}{_HINTS.get(int(code or 0), '')}"
+    cause = _connect_failure(exc)
+    if cause is not None:
+        return f"cannot connect: {cause!r}"
     detail = " ".join(str(exc).split()) or type(exc).__name__
     if type(exc).__name__ not in detail:
         detail = f"{type(exc).__name__}: {detail}"
     return detail
+
+
+def _connect_failure(exc: BaseException) -> BaseException | None:
+    """The socket, DNS or handshake error inside pika's connection-workflow failure, if any."""
+    if isinstance(exc, AMQPConnectorException):
+        workflow: object = exc
+    elif isinstance(exc, amqp.AMQPConnectionError) and exc.args:
+        workflow = exc.args[0]
+    else:
+        return None
+    attempts = getattr(workflow, "exceptions", None)
+    if not attempts:
+        return None
+    last = attempts[-1]
+    inner = getattr(last, "exception", last)
+    return inner if isinstance(inner, BaseException) else None
 
 
 def oversized_body(exc: BaseException) -> int | None:
@@ -114,14 +148,14 @@ def _translate(exc: BaseException, where: str, index: int | None) -> BridgeError
     if index is not None and isinstance(exc, _PER_MESSAGE):
         return MessageRejected(message, index=index)
     if isinstance(exc, _LOGIN_REFUSED):
-        return TransportError(f"{where}: login refused: {_detail(exc)}")
+        return TransportError(f"{where}: the broker refused the connection: {_detail(exc)}")
     if isinstance(exc, amqp.ChannelClosed | amqp.ConnectionClosed):
         if isinstance(exc, amqp.ChannelClosedByClient | amqp.ConnectionClosedByClient):
             return TransportUnavailable(message)
         if exc.reply_code in RETRIABLE_CODES:
             return TransportUnavailable(message)
         return TransportError(message)
-    if isinstance(exc, amqp.AMQPConnectionError | amqp.AMQPChannelError | OSError | TimeoutError):
+    if isinstance(exc, _UNAVAILABLE):
         return TransportUnavailable(message)
     return TransportError(message)
 

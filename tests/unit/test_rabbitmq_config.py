@@ -1,0 +1,67 @@
+"""RabbitMQConnection -> pika parameters and publish routes (rabbitmq/config.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bridge.config.models import RabbitMQConnection
+from bridge.errors import ConfigError
+from bridge.transports.rabbitmq import Transport
+from bridge.transports.rabbitmq.config import parameters, publish_route, queue_arguments
+
+
+def config(**fields: Any) -> RabbitMQConnection:
+    return RabbitMQConnection.model_validate(
+        {"type": "rabbitmq", "url": "amqp://user:secret@broker:5673/sales", **fields}
+    )
+
+
+def test_parameters_come_from_the_url_with_the_bridge_defaults() -> None:
+    params = parameters(config(), "rabbit", "sink")
+    assert (params.host, params.port, params.virtual_host) == ("broker", 5673, "sales")
+    assert params.credentials.username == "user"
+    assert params.connection_attempts == 1
+    assert params.blocked_connection_timeout == 60.0
+    assert params.client_properties == {"connection_name": "bridge rabbit sink"}
+
+
+def test_options_in_the_url_win() -> None:
+    url = "amqp://u:p@h/%2F?heartbeat=7&connection_attempts=3&blocked_connection_timeout=5"
+    params = parameters(config(url=url), "rabbit", "source")
+    assert (params.heartbeat, params.connection_attempts) == (7, 3)
+    assert params.blocked_connection_timeout == 5
+    assert params.virtual_host == "/"
+
+
+@pytest.mark.parametrize("url", ["http://h/", "broker:5672", ""])
+def test_a_url_that_is_not_amqp_is_a_config_error_without_secrets(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Transport("rabbit", config(url=url))
+    assert "amqp://" in str(caught.value)
+    assert "rabbit" in str(caught.value)
+
+
+def test_topologies_route_to_the_exchange_or_the_queue() -> None:
+    assert publish_route(config(topology="conventional"), "Sales") == ("Sales", "")
+    assert publish_route(config(topology="direct"), "Sales") == ("", "Sales")
+
+
+def test_queues_are_declared_with_their_type() -> None:
+    assert queue_arguments(config()) == {"x-queue-type": "quorum"}
+    assert queue_arguments(config(queue_type="classic")) == {"x-queue-type": "classic"}
+
+
+async def test_print_only_describes_what_install_declares_without_connecting() -> None:
+    transport = Transport("rabbit", config(queue_type="classic"))
+    assert await transport.install(["Sales", "Sales.Error", "Sales"], print_only=True) == [
+        "queue.declare queue='Sales' durable=true arguments={x-queue-type: classic}",
+        "exchange.declare exchange='Sales' type=fanout durable=true",
+        "queue.bind queue='Sales' exchange='Sales' routing_key=''",
+        "queue.declare queue='Sales.Error' durable=true arguments={x-queue-type: classic}",
+        "exchange.declare exchange='Sales.Error' type=fanout durable=true",
+        "queue.bind queue='Sales.Error' exchange='Sales.Error' routing_key=''",
+    ]
+    assert transport.canonical_address("Sales") == "Sales"
+    await transport.close()
