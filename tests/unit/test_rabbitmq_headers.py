@@ -426,3 +426,15 @@ def test_error_copy_of_a_message_without_id_gets_a_deterministic_one() -> None:
     assert first.message_id == again.message_id != other.message_id
     assert first.headers[MESSAGE_ID] == first.message_id
     assert uuid.UUID(first.message_id).version == 5
+
+
+def test_a_property_that_is_not_utf8_is_poison() -> None:
+    properties = wire(pika.BasicProperties(message_id="m", reply_to="x"))
+    properties.reply_to = b"\xff"  # what pika hands over for a short string it cannot decode
+    with pytest.raises(HeadersFormatError, match="reply_to"):
+        from_amqp(properties, b"")
+    properties = wire(pika.BasicProperties())
+    properties.message_id = b"\xff"
+    with pytest.raises(HeadersFormatError):
+        from_amqp(properties, b"")
+    assert poison_from_amqp(properties, b"", ValueError("x")).native_id == "\ufffd"

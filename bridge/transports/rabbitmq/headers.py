@@ -31,7 +31,8 @@ they differ from what the headers would have produced (a `content_type` of
 `application/octet-stream` over no header adds none); `delivery_mode` 1 sets
 UseNonPersistentDelivery to "True" (its value is not carried, only its presence); `type` fills
 `NServiceBus.EnclosedMessageTypes` when that header is missing and `message_id` fills
-`NServiceBus.MessageId` (a message with neither is poison). Values that are not strings are
+`NServiceBus.MessageId` (a message with neither is poison, so is one whose short-string
+properties are not UTF-8). Values that are not strings are
 rendered as NServiceBus renders them: byte arrays as UTF-8, booleans `True`/`False`, numbers in
 invariant form, timestamps in the NServiceBus wire format, tables `k=v,k=v`, arrays `a;b`.
 Removed on read: `x-death*`, `x-first-death-*`, `x-last-death-*`, `x-delivery-count`,
@@ -227,6 +228,14 @@ def _layout(raw: object) -> tuple[list[str], set[str]]:
     return [n for n in order if isinstance(n, str)], {n for n in nulls if isinstance(n, str)}
 
 
+def _property(properties: pika.BasicProperties, name: str) -> str | None:
+    """A short-string property; pika hands over bytes when it is not UTF-8: that is poison."""
+    value = getattr(properties, name)
+    if isinstance(value, bytes):
+        raise HeadersFormatError(f"the {name} property is not UTF-8: {value!r}")
+    return value if isinstance(value, str) else None
+
+
 def _overwrite(items: dict[str, str | None], name: str, value: str | None) -> None:
     if value is not None and items.get(name) != value:
         items[name] = value
@@ -243,9 +252,9 @@ def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
             continue
         text = _text(value)
         items[name] = text if text is not None or name in nulls else ""
-    _overwrite(items, REPLY_TO, properties.reply_to)
-    _overwrite(items, CORRELATION_ID, properties.correlation_id)
-    content_type = properties.content_type
+    _overwrite(items, REPLY_TO, _property(properties, "reply_to"))
+    _overwrite(items, CORRELATION_ID, _property(properties, "correlation_id"))
+    content_type = _property(properties, "content_type")
     written = items.get(CONTENT_TYPE)
     if content_type is not None and content_type != (
         DEFAULT_CONTENT_TYPE if written is None else written
@@ -253,11 +262,12 @@ def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
         items[CONTENT_TYPE] = content_type
     if properties.delivery_mode == 1 and NON_PERSISTENT not in items:
         items[NON_PERSISTENT] = "True"
-    if ENCLOSED_MESSAGE_TYPES not in items and properties.type is not None:
-        items[ENCLOSED_MESSAGE_TYPES] = properties.type
+    enclosed = _property(properties, "type")
+    if ENCLOSED_MESSAGE_TYPES not in items and enclosed is not None:
+        items[ENCLOSED_MESSAGE_TYPES] = enclosed
+    native = _property(properties, "message_id")
     message_id = items.get(MESSAGE_ID)
     if message_id is None or not message_id.strip():
-        native = properties.message_id
         if native is None or not native.strip():
             raise HeadersFormatError(
                 f"neither the message_id property nor an {MESSAGE_ID} header is set"
@@ -271,7 +281,7 @@ def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
         Headers(items.items()),
         body,
         expires_at=_expires_at(properties, items),
-        native_id=properties.message_id,
+        native_id=native,
     )
 
 
@@ -290,7 +300,7 @@ def _expires_at(properties: pika.BasicProperties, items: dict[str, str | None]) 
             lifetime = parse_timespan(items[TIME_TO_BE_RECEIVED] or "")
         except ValueError:
             lifetime = None
-    elif properties.expiration is not None and properties.expiration.isdigit():
+    elif isinstance(properties.expiration, str) and properties.expiration.isdigit():
         lifetime = timedelta(milliseconds=int(properties.expiration))
     if sent is None or lifetime is None or lifetime >= _FOREVER:
         return None
@@ -319,14 +329,15 @@ def poison_from_amqp(
     for name, value in (properties.headers or {}).items():
         key = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
         readable[key] = _readable(value)
-    if MESSAGE_ID not in readable and properties.message_id:
-        readable[MESSAGE_ID] = properties.message_id
+    native = _readable(properties.message_id)
+    if MESSAGE_ID not in readable and native:
+        readable[MESSAGE_ID] = native
     return PoisonMessage(
         raw_headers=json.dumps(readable, ensure_ascii=False),
         body=body,
         reason=str(error),
         exception_type=type(error).__name__,
-        native_id=properties.message_id,
+        native_id=native,
         headers=Headers(readable.items()),
     )
 

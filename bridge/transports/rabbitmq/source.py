@@ -1,26 +1,31 @@
 """The RabbitMQ source: a consumer with prefetch; a batch is acknowledged only when committed.
 
 Guarantees
-    One consumer per source on its own connection (`connection.py`), `basic.qos` prefetch =
-    max(`prefetch`, the first `max_messages`), manual acknowledgements. `receive_batch` waits
-    up to `timeout` for the first delivery, then keeps gathering until it has `max_messages`
-    or no delivery arrived for `DELIVERY_PAUSE` seconds. `commit()` acknowledges the batch
-    (`basic.ack` of its last delivery tag with `multiple=True`); the runner calls it only after
-    the destination made the messages durable. `abort()` (or leaving the block) returns them
-    with `basic.nack(multiple=True, requeue=True)`, together with deliveries prefetched behind
-    them, so they come back in queue order; the order after a requeue is RabbitMQ's (classic and
-    quorum queues put returned messages back ahead of the rest). A lost connection or channel
-    returns every unacknowledged delivery to the queue; settling a batch received on a channel
-    that is gone raises `TransportUnavailable` (its messages will be delivered again).
+    One consumer per source on its own connection (`connection.py`), manual acknowledgements,
+    `basic.qos` prefetch = max(`prefetch`, the first `max_messages`), at most AMQP's 65535.
+    `receive_batch` waits up to `timeout` for the first delivery, then keeps gathering until
+    it has `max_messages` or no delivery arrived for `DELIVERY_PAUSE` seconds. `commit()`
+    acknowledges the batch (`basic.ack` of its last delivery tag, `multiple=True`); the runner
+    calls it only after the destination made the messages durable. `abort()` (or leaving the
+    block) cancels the consumer and, once the broker confirmed the cancel (no delivery is on
+    the way any more), returns every unacknowledged delivery with `basic.nack(0, multiple=True,
+    requeue=True)`: the batch and the deliveries prefetched behind it, so the queue keeps its
+    order; the next receive starts a new consumer. The order after a requeue is RabbitMQ's
+    (classic and quorum queues put returned messages back at the head). When batches of one
+    source overlap, each is acknowledged or returned by its own tags instead. A lost connection
+    or channel returns every unacknowledged delivery to the queue; settling a batch received on
+    a channel that is gone raises `TransportUnavailable` (its messages come again).
 
 Poison
-    A message `headers.from_amqp` cannot read (no message id at all, a header that is not
-    UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is published
-    to `error_queue` (default `bridge.error`, on this connection, with publisher confirms)
-    byte for byte: body, properties and headers unchanged, plus the failure headers
-    ServiceControl reads (`bridge.deadletter.failure_headers`). Messages the runner rejected
-    with `batch.reject` go there as `bridge.deadletter.error_copy` makes them. Only then is the
-    batch acknowledged: a crash in between leaves a duplicate in the error queue, never a loss.
+    A message `headers.from_amqp` cannot read (no message id at all, a header or property that
+    is not UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is
+    published to `error_queue` (default `bridge.error`, same broker, a connection of its own
+    opened when first needed, publisher confirms) byte for byte: body, properties and headers
+    unchanged, plus the failure headers ServiceControl reads (`bridge.deadletter`) and, when it
+    has no id at all, a deterministic one. Messages the runner rejected with `batch.reject` go
+    there as `bridge.deadletter.error_copy` makes them. Only then is the batch acknowledged: a
+    crash in between leaves a duplicate in the error queue, never a loss. An error queue that
+    does not take the copies fails the commit with `TransportError` and the batch stays.
 
 What is lossy
     Nothing at the source: a message leaves the queue only by an acknowledgement. Expired
@@ -64,6 +69,7 @@ __all__ = ["DEFAULT_ERROR_QUEUE", "Delivery", "RabbitMQSource"]
 DEFAULT_ERROR_QUEUE = "bridge.error"
 
 _STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
+_MAX_PREFETCH = 65_535  # basic.qos prefetch-count is a short
 
 
 _CONSUMERS = itertools.count(1)
@@ -219,7 +225,8 @@ class RabbitMQSource:
             and consumer.tag not in inbox.cancelled
         ):
             return consumer
-        self._prefetch = max(self._prefetch, self._config.prefetch, max_messages)
+        wanted = max(self._prefetch, self._config.prefetch, max_messages)
+        self._prefetch = min(wanted, _MAX_PREFETCH)
         prefetch, queue, number = self._prefetch, self.address, next(_CONSUMERS)
 
         def start(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
