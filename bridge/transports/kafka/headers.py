@@ -29,12 +29,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import NamedTuple
 
+from bridge.deadletter import failure_headers
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.wireformat import format_timespan, format_timestamp, parse_timespan
+from bridge.wireformat import format_timespan, parse_timespan
 
 __all__ = [
     "DEFAULT_KEY",
@@ -58,7 +59,6 @@ RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
 RecordHeaders = Sequence[tuple[str, bytes | None]]
 
 #: NServiceBus truncates `NServiceBus.ExceptionInfo.Message` to this many characters.
-EXCEPTION_MESSAGE_LIMIT = 16_384
 
 
 class Record(NamedTuple):
@@ -191,13 +191,9 @@ def error_record(
     A record without `NServiceBus.MessageId` also gets its deterministic id, so ServicePulse
     can retry it to `failed_q`.
     """
-    failure: list[tuple[str, str | None]] = [
-        ("NServiceBus.FailedQ", failed_q),
-        ("NServiceBus.ExceptionInfo.ExceptionType", poison.exception_type),
-        ("NServiceBus.ExceptionInfo.Message", poison.reason[:EXCEPTION_MESSAGE_LIMIT]),
-        ("NServiceBus.ExceptionInfo.Source", "bridge"),
-        ("NServiceBus.TimeOfFailure", format_timestamp(datetime.fromtimestamp(now, UTC))),
-    ]
+    failure: list[tuple[str, str | None]] = list(
+        failure_headers(poison.reason, failed_q, exception_type=poison.exception_type)
+    )
     if not any(name == MESSAGE_ID for name, _ in headers):
         failure.insert(0, (MESSAGE_ID, poison.headers.get(MESSAGE_ID)))
     encoded = [(name, None if value is None else value.encode()) for name, value in failure]

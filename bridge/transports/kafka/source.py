@@ -43,16 +43,19 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from bridge.batch import Batch
+from bridge.batch import Batch, Rejected
+from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, SettleError
 from bridge.protocols import CheckpointStore
 from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
 from bridge.transports.kafka.headers import (
+    DEFAULT_KEY,
     Record,
     error_record,
     from_record,
     poison_from_record,
+    to_record,
 )
 from bridge.transports.kafka.sink import ProducerFactory, produce
 
@@ -185,9 +188,16 @@ class KafkaSource:
             self._rewind(first)
             raise
         settled = self._in_hand = asyncio.Event()
+        rejected: list[Rejected] = []
 
         async def commit() -> None:
             try:
+                if rejected:
+                    try:
+                        await self._dead_letter(rejected)
+                    except BaseException:
+                        self._rewind(first)  # not delivered anywhere: receive them again
+                        raise
                 await self._commit(after)
             finally:
                 settled.set()
@@ -204,6 +214,7 @@ class KafkaSource:
             },
             on_commit=commit,
             on_abort=abort,
+            rejected=rejected,
         )
 
     async def close(self) -> None:
@@ -239,6 +250,15 @@ class KafkaSource:
             records = [record for _, record in todo]
             await produce(self._producer, self.error_queue, records, self._max_request_size)
             self._copied.update(where for where, _ in todo)
+
+    async def _dead_letter(self, rejected: list[Rejected]) -> None:
+        """Write the error-queue copies of messages the destination refused for good."""
+        now = time.time()
+        records = [
+            to_record(error_copy(r.envelope, r.error, self.topic), DEFAULT_KEY, now)
+            for r in rejected
+        ]
+        await produce(self._producer, self.error_queue, records, self._max_request_size)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         consumer = self._consumer
