@@ -110,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
     loaded = load_config(args.config)
+    for warning in loaded.warnings:
+        print(warning, file=sys.stderr)
     for connection in loaded.config.connections.values():
         for attr in ("dsn", "url"):
             value = getattr(connection, attr, None)

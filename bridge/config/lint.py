@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from bridge.config.models import BridgeConfig, Endpoint
 from bridge.errors import ConfigError
@@ -10,7 +12,13 @@ from bridge.errors import ConfigError
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
 
-__all__ = ["lint"]
+__all__ = ["credential_warnings", "lint"]
+
+_SECRET_KEYS = ("dsn", "url", "sasl_password")
+_KEY_VALUE_SECRET = re.compile(
+    r"\b(?:password|pwd)\s*=\s*(?P<value>\{[^}]*\}|'[^']*'|[^;\s&]+)", re.I
+)
+_VARIABLE = re.compile(r"\$\{[^}]*\}")
 
 
 def _endpoint(
@@ -66,3 +74,29 @@ def lint(config: BridgeConfig, at: Positions) -> None:
         for old, new in route.headers.rename.items():
             if not old or not new:
                 raise ConfigError("header names cannot be empty", at.at((*path, "headers")))
+
+
+def _literal_secret(raw: str, key: str) -> bool:
+    """Whether a value as written holds a password that is not a ${VAR}."""
+    if key == "sasl_password":
+        return bool(raw) and not _VARIABLE.fullmatch(raw.strip())
+    try:
+        password = urlsplit(raw).password
+    except ValueError:
+        password = None
+    found = [password] if password else []
+    found += [m.group("value") for m in _KEY_VALUE_SECRET.finditer(raw)]
+    return any(value and not _VARIABLE.search(value) for value in found)
+
+
+def credential_warnings(raw: dict[tuple[str | int, ...], str], at: Positions) -> list[str]:
+    """Credentials written into the file instead of taken from the environment."""
+    out = []
+    for path, value in raw.items():
+        is_secret = len(path) == 3 and path[0] == "connections" and path[2] in _SECRET_KEYS
+        if is_secret and _literal_secret(value, str(path[2])):
+            out.append(
+                f"{at.at(path)}: warning: connection {path[1]!r} has a password written in "
+                f"`{path[2]}`; use ${{VAR}} and keep secrets in the environment"
+            )
+    return out

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from bridge.config.lint import lint
+from bridge.config.lint import credential_warnings, lint
 from bridge.config.models import BridgeConfig
 from bridge.errors import ConfigError
 from bridge.transports import TRANSPORTS
@@ -57,6 +57,8 @@ class LoadedConfig:
     positions: Positions
     #: names of environment variables the file used: their values are secrets to redact
     variables: set[str] = field(default_factory=set)
+    #: `FILE:LINE:COL: warning: ...` lines for things that work but should not be so
+    warnings: list[str] = field(default_factory=list)
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -68,6 +70,7 @@ class _Builder:
         self.positions = positions
         self.env = env
         self.used: set[str] = set()
+        self.raw: dict[PathKey, str] = {}  # string scalars as written, before ${VAR}
         self.constructor = yaml.SafeLoader("")
 
     def build(self, node: yaml.Node, path: PathKey) -> Any:
@@ -92,8 +95,10 @@ class _Builder:
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
         value = self.constructor.construct_object(node)
-        if isinstance(value, str) and "${" in value:
-            return self._expand(value, path)
+        if isinstance(value, str):
+            self.raw[path] = value
+            if "${" in value:
+                return self._expand(value, path)
         return value
 
     def _expand(self, text: str, path: PathKey) -> str:
@@ -175,7 +180,8 @@ def parse_config(
     except ValidationError as exc:
         raise _validation_error(exc, positions) from None
     lint(config, positions)
-    return LoadedConfig(config, positions, builder.used)
+    warnings = credential_warnings(builder.raw, positions)
+    return LoadedConfig(config, positions, builder.used, warnings)
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedConfig:

@@ -136,3 +136,34 @@ def test_yaml_syntax_and_shape_errors() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_no_credential_warning_when_secrets_come_from_the_environment() -> None:
+    assert parse_config(GOOD, env=ENV).warnings == []
+
+
+@pytest.mark.parametrize(
+    ("connection", "key"),
+    [
+        ('{type: postgresql, dsn: "postgresql://app:pa55@db/shop"}', "dsn"),
+        ('{type: postgresql, dsn: "host=db user=app password=pa55"}', "dsn"),
+        ('{type: sqlserver, dsn: "Driver=FreeTDS;Server=db;UID=sa;PWD={p;w};"}', "dsn"),
+        ('{type: sqlserver, dsn: "${ODBC:-Driver=FreeTDS;PWD=fallback}"}', "dsn"),
+        ('{type: rabbitmq, url: "amqp://guest:guest@127.0.0.1/%2F"}', "url"),
+        ('{type: kafka, bootstrap_servers: "k:9092", sasl_password: "pa55"}', "sasl_password"),
+    ],
+)
+def test_credentials_written_in_the_file_are_warned_about(connection: str, key: str) -> None:
+    line = f"  db: {connection}"
+    column = line.index('"', line.index(f"{key}:")) + 1
+    text = f"connections:\n{line}\nroutes: []\n"
+    (warning,) = parse_config(text, env={}).warnings
+    assert warning == (
+        f"routes.yaml:2:{column}: warning: connection 'db' has a password written in `{key}`; "
+        "use ${VAR} and keep secrets in the environment"
+    )
+
+
+def test_password_from_a_variable_inside_a_url_is_fine() -> None:
+    text = 'connections:\n  db: {type: rabbitmq, url: "amqp://guest:${PW}@h/%2F"}\nroutes: []\n'
+    assert parse_config(text, env={"PW": "x"}).warnings == []
