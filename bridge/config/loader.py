@@ -167,8 +167,15 @@ def parse_config(
         mark = exc.problem_mark or exc.context_mark
         where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
         raise ConfigError(f"invalid YAML: {exc.problem or exc.context}", where) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - text.rfind("\n", 0, exc.position)
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ConfigError(
+            f"invalid YAML: character {character!r} is not allowed", f"{file}:{line}:{column}"
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", file) from None
+        raise ConfigError(f"invalid YAML: {exc}", f"{file}:1:1") from None
     if root is None:
         raise ConfigError("the file is empty; it needs `connections` and `routes`", f"{file}:1:1")
     builder = _Builder(positions, os.environ if env is None else env)
