@@ -428,6 +428,26 @@ async def test_a_queue_of_another_type_is_a_clear_error(
     assert (await transport.peek(queue)).depth == 0  # the admin channel came back
 
 
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
+async def test_install_keeps_the_other_arguments_of_an_existing_queue(
+    make: Make, names: Callable[[str], str], channel: Any, queue_type: str
+) -> None:
+    queue = names("args")
+    arguments = {
+        "x-queue-type": queue_type,
+        "x-dead-letter-exchange": "dlx 'quoted'",
+        "x-max-length": 10,
+        "x-overflow": "reject-publish",
+    }
+    channel.queue_declare(queue, durable=True, arguments=arguments)
+    transport = make(queue_type=queue_type)
+    await transport.install([queue])
+    assert await transport.check([queue]) == []
+    other = "classic" if queue_type == "quorum" else "quorum"
+    with pytest.raises(TransportError, match=f"already exists as a {queue_type} queue"):
+        await make(queue_type=other).install([queue])
+
+
 async def test_check_names_every_missing_queue_and_exchange(
     make: Make, names: Callable[[str], str]
 ) -> None:

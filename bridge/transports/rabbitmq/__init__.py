@@ -23,10 +23,12 @@ Addresses
 
 Administration
     `install` declares each queue durable with its type and, for `conventional`, its exchange
-    and binding; declaring what exists is a no-op, and a queue that exists with another type
-    raises `TransportError` saying so (RabbitMQ cannot change it). `print_only` returns the
+    and binding; declaring what exists is a no-op (a queue's other `x-` arguments are kept),
+    and a queue that exists with another type raises `TransportError` saying so (RabbitMQ
+    cannot change it). `print_only` returns the
     declarations without connecting. `check` declares passively and raises `TransportError`
-    naming every missing queue and exchange; a queue of another type is a warning. `peek`
+    naming every missing queue and exchange; a queue of another type is a warning (found by
+    re-declaring the existing queue as it is, which changes nothing). `peek`
     reports the ready messages (`depth`); RabbitMQ does not tell their age or how many expired.
 
 Retriable errors
@@ -55,6 +57,27 @@ from bridge.transports.rabbitmq.source import DEFAULT_ERROR_QUEUE, RabbitMQSourc
 __all__ = ["DEFAULT_ERROR_QUEUE", "QueueStats", "RabbitMQSink", "RabbitMQSource", "Transport"]
 
 _CURRENT = re.compile(r"inequivalent arg '([^']+)'.*but current is (?:the value )?'?([\w-]+)")
+_CURRENT_VALUE = re.compile(
+    r"inequivalent arg '(x-[^']+)' for queue .*but current is the value '(.*)' of type '(\w+)'"
+)
+#: How many arguments of an existing queue `install` adopts before it gives up.
+_MAX_ADOPTED = 20
+
+
+def _current_argument(error: BaseException) -> tuple[str, object] | None:
+    """The `x-` argument (name, value) an existing queue has and a declaration did not match."""
+    match = _CURRENT_VALUE.search(str(error))
+    if reply_code(error) != 406 or match is None or match.group(1) == "x-queue-type":
+        return None
+    name, text, kind = match.groups()
+    if kind == "longstr":
+        return name, text
+    if kind == "bool" and text in ("true", "false"):
+        return name, text == "true"
+    try:
+        return name, (float(text) if kind in ("double", "float") else int(text))
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -173,17 +196,34 @@ class Transport:
             return [step.text for step in steps]
         link = self._link()
         for step in steps:
-            if step.kind == "queue":
-                op = _declare_queue(step.name, queue_arguments(self.config), passive=False)
-            elif step.kind == "exchange":
-                op = _declare_exchange(step.name, passive=False)
-            else:
-                op = _bind(step.name, step.name)
             try:
-                await link.run(op, what=step.text)
+                if step.kind == "queue":
+                    await self._declare_queue(link, step)
+                elif step.kind == "exchange":
+                    await link.run(_declare_exchange(step.name, passive=False), what=step.text)
+                else:
+                    await link.run(_bind(step.name, step.name), what=step.text)
             except TransportError as exc:
                 raise self._conflict(step, exc) from exc
         return [step.text for step in steps]
+
+    async def _declare_queue(self, link: Link, step: _Step) -> None:
+        """Declare a queue with its type. A queue that exists with more arguments (a dead-letter
+        exchange, a length limit) keeps them: each one the broker names is added to the
+        declaration until it matches, or until the broker names `x-queue-type` (RabbitMQ
+        compares the type last), which `_conflict` turns into a clear error.
+        """
+        arguments = queue_arguments(self.config)
+        for _ in range(_MAX_ADOPTED):
+            try:
+                await link.run(_declare_queue(step.name, arguments, passive=False), what=step.text)
+                return
+            except TransportError as exc:
+                current = _current_argument(exc)
+                if current is None or current[0] in arguments:
+                    raise
+                arguments[current[0]] = current[1]
+        raise TransportError(f"{self._where}: queue {step.name!r} has too many arguments")
 
     def _conflict(self, step: _Step, error: TransportError) -> TransportError:
         """A clear error for a declaration RabbitMQ refused because the thing exists otherwise."""
@@ -218,10 +258,7 @@ class Transport:
             else:
                 step = _Step(f"queue {queue!r}", "queue", queue)
                 try:
-                    await link.run(
-                        _declare_queue(queue, queue_arguments(self.config), passive=False),
-                        what="queue type check",
-                    )
+                    await self._declare_queue(link, step)
                 except TransportError as exc:
                     if reply_code(exc) != 406:
                         raise
