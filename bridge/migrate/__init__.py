@@ -28,8 +28,10 @@ Modules
     bounded   a route run until its bounded source is exhausted
     sqltask   a SQL sequence range -> the route's destination
     kafkatask a Kafka partition's offset range -> a SQL queue table
+    plans     how a route's backlog splits into tasks, and how far it is
     driver    `bridge migrate`: plan, run, progress, summary
-    report    `bridge report`: scan queue tables, aggregate with Spark SQL, render
+    report    `bridge report`: scan queue tables, aggregate with Spark SQL
+    render    the report as a table, JSON or CSV
     job       the `spark-submit` entry point
 """
 

@@ -36,7 +36,8 @@ _WATCH_EVERY = 0.2
 
 @dataclass
 class Moved:
-    """What one task did; summed by the driver."""
+    """What one task did (`attempt`: Spark's attempt number, 0 for the first); sums of them
+    add the counts only."""
 
     moved: int = 0
     expired: int = 0
@@ -52,7 +53,6 @@ class Moved:
             self.poison + other.poison,
             self.batches + other.batches,
             self.retried + other.retried,
-            max(self.attempt, other.attempt),
         )
 
 

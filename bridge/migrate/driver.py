@@ -1,21 +1,9 @@
 """`bridge migrate`: plan a route's backlog, move it with Spark tasks, report progress and sum up.
 
-Plans
-    SQL queue table -> anything: the driver reads the table's lowest and highest sequence
-    number and splits that into `partitions` ranges (default 4 x Spark's default parallelism,
-    so uneven ranges even out); one task per range (`sqltask`). Rows inserted after planning
-    (above the highest) are the service's. Progress: rows of the planned range still in the
-    table.
-
-    Kafka topic -> SQL queue table: per partition, from the position stored with the rows in
-    the destination's `BridgeCheckpoints` (the service's names, `group/topic/partition`), else
-    the earliest offset, up to the end offset at planning time; one task per partition
-    (`kafkatask`); `partitions` does not apply. Progress: the stored positions.
-
-    Other routes are config errors: `bridge run --until-idle` moves them.
-
-Before Spark starts, the driver checks the route's tables/topics exist (as `bridge check
---connect` would); an empty backlog ends there without starting Spark.
+The plan (`plans`: which ranges, how progress is measured) depends on the route's source: a
+SQL queue table goes to anything, a Kafka topic only into a SQL queue table; other routes are
+config errors (`bridge run --until-idle` moves them). The driver checks the route's tables and
+topics exist before Spark starts, and an empty backlog ends there without starting it.
 
 Failures
     A task that fails is retried by Spark (`spark.task.maxFailures`; in local mode give the
@@ -32,19 +20,16 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bridge.config.models import SQL_TYPES, BridgeConfig, Route
+from bridge.config.models import BridgeConfig
 from bridge.errors import BridgeError, ConfigError
 from bridge.migrate.bounded import TASK_FAILED, Moved
-from bridge.migrate.ranges import split
+from bridge.migrate.plans import Plan, plan_for
 from bridge.migrate.session import spark_session
 from bridge.migrate.spec import JobSpec
-from bridge.protocols import Transport
-from bridge.transports import load
 
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
@@ -95,136 +80,6 @@ class Summary:
         return "\n".join(lines)
 
 
-class _Plan:
-    """What differs between the two kinds of route (see the module docstring)."""
-
-    #: The Spark task function, called with (spec, item).
-    task: Callable[[JobSpec, Any], Moved]
-    planned: int = 0
-
-    async def check(self) -> None:
-        raise NotImplementedError
-
-    def items(self, partitions: int) -> list[Any]:
-        raise NotImplementedError
-
-    async def done(self) -> int:
-        """How many of `planned` have left the source so far."""
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-
-class _SqlPlan(_Plan):
-    def __init__(self, config: BridgeConfig, route: Route) -> None:
-        from bridge.migrate.sqltask import sql_task
-        from bridge.transports.sql.queue import SqlTransport
-
-        self.task = sql_task
-        self._route = route
-        source = load(route.from_.connection, config.connections[route.from_.connection])
-        assert isinstance(source, SqlTransport)
-        self._source = source
-        self._sink: Transport | None = None
-        if route.to.connection != route.from_.connection:
-            self._sink = load(route.to.connection, config.connections[route.to.connection])
-        self._bounds: tuple[int, int] | None = None
-
-    async def check(self) -> None:
-        route = self._route
-        if self._sink is None:
-            await self._source.check(
-                [route.from_.address, route.error_queue_name, route.to.address]
-            )
-        else:
-            await self._source.check([route.from_.address, route.error_queue_name])
-            await self._sink.check([route.to.address])
-        self._bounds = await self._source.bounds(route.from_.address)
-        if self._bounds is not None:
-            self.planned = await self._source.count_range(route.from_.address, *self._bounds)
-
-    def items(self, partitions: int) -> list[tuple[int, int, int]]:
-        if self._bounds is None:
-            return []
-        return [(i, lo, hi) for i, (lo, hi) in enumerate(split(*self._bounds, partitions))]
-
-    async def done(self) -> int:
-        if self._bounds is None:
-            return 0
-        left = await self._source.count_range(self._route.from_.address, *self._bounds)
-        return self.planned - left
-
-    async def close(self) -> None:
-        await self._source.close()
-        if self._sink is not None:
-            await self._sink.close()
-
-
-class _KafkaPlan(_Plan):
-    def __init__(self, config: BridgeConfig, route: Route) -> None:
-        from bridge.migrate.kafkatask import kafka_task
-        from bridge.transports.kafka import Transport as KafkaTransport
-        from bridge.transports.sql.queue import SqlSink
-
-        self.task = kafka_task
-        self._route = route
-        kafka = load(route.from_.connection, config.connections[route.from_.connection])
-        assert isinstance(kafka, KafkaTransport)
-        self._kafka = kafka
-        self._sql = load(route.to.connection, config.connections[route.to.connection])
-        sink = self._sql.sink(route.to.address)
-        assert isinstance(sink, SqlSink)
-        self._sink = sink
-        self._prefix = f"{route.from_.group}/{route.from_.address}/"
-        self._ranges: list[tuple[int, int, int]] = []
-
-    async def check(self) -> None:
-        from bridge.migrate.kafkatask import partition_offsets
-
-        route = self._route
-        await self._kafka.check([route.from_.address, route.error_queue_name])
-        await self._sql.check([route.to.address])
-        offsets = await partition_offsets(self._kafka.config, route.from_.address)
-        stored = await self._sink.load_checkpoint(self._prefix)
-        for partition, (begin, end) in sorted(offsets.items()):
-            start = max(begin, stored.get(f"{self._prefix}{partition}", begin))
-            if start < end:
-                self._ranges.append((partition, start, end))
-        self.planned = sum(end - start for _, start, end in self._ranges)
-
-    def items(self, partitions: int) -> list[tuple[int, int, int, int]]:
-        return [(i, *r) for i, r in enumerate(self._ranges)]
-
-    async def done(self) -> int:
-        stored = await self._sink.load_checkpoint(self._prefix)
-        return sum(
-            min(max(stored.get(f"{self._prefix}{p}", start), start), end) - start
-            for p, start, end in self._ranges
-        )
-
-    async def close(self) -> None:
-        await self._sink.close()
-        await self._kafka.close()
-        await self._sql.close()
-
-
-def _plan(config: BridgeConfig, route: Route) -> _Plan:
-    kinds = (
-        config.connections[route.from_.connection].type,
-        config.connections[route.to.connection].type,
-    )
-    if kinds[0] in SQL_TYPES:
-        return _SqlPlan(config, route)
-    if kinds[0] == "kafka" and kinds[1] in SQL_TYPES:
-        return _KafkaPlan(config, route)
-    raise ConfigError(
-        f"route {route.name} goes {kinds[0]} -> {kinds[1]}: bridge migrate moves routes from a "
-        "SQL queue table, and from a Kafka topic into a SQL queue table; "
-        "`bridge run --until-idle` moves the others"
-    )
-
-
 async def migrate(
     spec: JobSpec,
     *,
@@ -241,7 +96,7 @@ async def migrate(
         _where(config, route.from_.connection, route.from_.address),
         _where(config, route.to.connection, route.to.address),
     )
-    plan = _plan(config, route)
+    plan = plan_for(config, route)
     try:
         await plan.check()
         summary.planned = plan.planned
@@ -266,16 +121,14 @@ async def migrate(
             summary.seconds = time.monotonic() - started
     finally:
         await plan.close()
-    for result in results:
-        summary.moved += result
-    summary.moved.attempt = 0
+    summary.moved = sum(results, Moved())
     summary.tasks = len(results)
     summary.retried_tasks = sum(1 for r in results if r.attempt > 0)
     return summary
 
 
 async def _collect(
-    sc: SparkContext, rdd: RDD[Moved], plan: _Plan, route: str, every: float
+    sc: SparkContext, rdd: RDD[Moved], plan: Plan, route: str, every: float
 ) -> list[Moved]:
     """Run the job in a thread; log progress every `every` seconds until it ends."""
     group = f"bridge-migrate-{uuid.uuid4().hex[:12]}"
@@ -300,7 +153,7 @@ async def _collect(
         raise MigrationFailed(f"route {route}: {_task_error(exc)}") from None
 
 
-async def _progress(sc: SparkContext, group: str, plan: _Plan, route: str, elapsed: float) -> None:
+async def _progress(sc: SparkContext, group: str, plan: Plan, route: str, elapsed: float) -> None:
     try:
         done = await plan.done()
     except Exception as exc:  # progress is best effort; the job goes on
