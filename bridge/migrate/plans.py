@@ -99,6 +99,7 @@ class KafkaPlan(Plan):
     def __init__(self, config: BridgeConfig, route: Route) -> None:
         from bridge.migrate.kafkatask import kafka_task
         from bridge.transports.kafka import Transport as KafkaTransport
+        from bridge.transports.kafka.source import checkpoint_key
         from bridge.transports.sql.queue import SqlSink
 
         self.task = kafka_task
@@ -110,7 +111,9 @@ class KafkaPlan(Plan):
         sink = self._sql.sink(route.to.address)
         assert isinstance(sink, SqlSink)
         self._sink = sink
-        self._prefix = f"{route.from_.group}/{route.from_.address}/"
+        group, topic = str(route.from_.group), route.from_.address
+        self._key: Callable[[int], str] = lambda partition: checkpoint_key(group, topic, partition)
+        self._prefix = f"{group}/{topic}/"
         self._ranges: list[tuple[int, int, int]] = []
 
     async def check(self) -> None:
@@ -122,7 +125,7 @@ class KafkaPlan(Plan):
         offsets = await partition_offsets(self._kafka.config, route.from_.address)
         stored = await self._sink.load_checkpoint(self._prefix)
         for partition, (begin, end) in sorted(offsets.items()):
-            start = max(begin, stored.get(f"{self._prefix}{partition}", begin))
+            start = max(begin, stored.get(self._key(partition), begin))
             if start < end:
                 self._ranges.append((partition, start, end))
         self.planned = sum(end - start for _, start, end in self._ranges)
@@ -133,7 +136,7 @@ class KafkaPlan(Plan):
     async def done(self) -> int:
         stored = await self._sink.load_checkpoint(self._prefix)
         return sum(
-            min(max(stored.get(f"{self._prefix}{p}", start), start), end) - start
+            min(max(stored.get(self._key(p), start), start), end) - start
             for p, start, end in self._ranges
         )
 
