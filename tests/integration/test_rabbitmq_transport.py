@@ -318,6 +318,24 @@ async def test_batches_settled_out_of_order_ack_only_their_own(
     assert [e.message_id for e in got] == ["id-0", "id-1", "id-2"]
 
 
+async def test_a_source_whose_queue_is_deleted_says_so_and_recovers(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make()
+    queue = names("deleted")
+    await transport.install([queue])
+    source = transport.source(queue)
+    assert not (await source.receive_batch(10, 0.1)).messages  # consuming
+    channel.queue_delete(queue)  # the broker cancels the consumer
+    with pytest.raises(TransportError, match="NOT_FOUND") as caught:
+        while True:  # until the cancel arrived
+            await (await source.receive_batch(10, 0.1)).abort()
+    assert not caught.value.retriable
+    await transport.install([queue])
+    await transport.sink(queue).send([message(1)])
+    assert [e.message_id for e in await receive(source, 1)] == ["id-1"]
+
+
 async def test_poison_goes_to_the_error_queue_byte_for_byte(
     make: Make, names: Callable[[str], str], channel: Any
 ) -> None:

@@ -269,6 +269,7 @@ class _Session:
         if channel is not self._channel:
             return
         self._channel = None
+        self.epoch = 0
         error = translate(reason, self.where)
         publishes, self._publishes = self._publishes, []
         self._unconfirmed.clear()
@@ -416,6 +417,8 @@ class Link:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             session.shutdown()
+            if self._session is session:
+                self._session = None  # the next call connects anew
             raise TransportUnavailable(
                 f"{self.where}: no answer to {what} within {timeout:.0f}s; reconnecting"
             ) from None

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -67,6 +68,8 @@ from bridge.transports.rabbitmq.headers import (
 __all__ = ["DEFAULT_ERROR_QUEUE", "Delivery", "RabbitMQSource"]
 
 DEFAULT_ERROR_QUEUE = "bridge.error"
+
+log = logging.getLogger("bridge.rabbitmq")
 
 _STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
 _MAX_PREFETCH = 65_535  # basic.qos prefetch-count is a short
@@ -205,6 +208,10 @@ class RabbitMQSource:
                     await self._settle(held, [(t, False) for t in held.tags], ack=False)
                 else:
                     await self._requeue_everything(held.consumer)
+            except TransportUnavailable as exc:
+                # The channel or connection is gone (or was closed after a timeout): the broker
+                # returns every unacknowledged delivery by itself, which is what abort wants.
+                log.info("%s: abort: %s", self._where, exc)
             finally:
                 self._release(held)
 
@@ -219,12 +226,11 @@ class RabbitMQSource:
     async def _consume(self, inbox: _Inbox, max_messages: int) -> _Consumer:
         """The consumer this source receives from, started when there is none (any more)."""
         consumer = self._consumer
-        if (
-            consumer is not None
-            and consumer.epoch == self._link.epoch
-            and consumer.tag not in inbox.cancelled
-        ):
-            return consumer
+        if consumer is not None and consumer.epoch == self._link.epoch:
+            if consumer.tag not in inbox.cancelled:
+                return consumer
+            await self._reset_channel(consumer)
+        self._consumer = None
         wanted = max(self._prefetch, self._config.prefetch, max_messages)
         self._prefetch = min(wanted, _MAX_PREFETCH)
         prefetch, queue, number = self._prefetch, self.address, next(_CONSUMERS)
@@ -255,6 +261,17 @@ class RabbitMQSource:
         self._consumer = await self._link.run(start, what=f"consume from {queue!r}")
         return self._consumer
 
+    async def _reset_channel(self, consumer: _Consumer) -> None:
+        """The broker cancelled the consumer (its queue was deleted or moved): close the channel,
+        so the broker takes back every delivery it still holds for us, and start afresh."""
+
+        def close(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+            if epoch == consumer.epoch and channel.is_open:
+                channel.close()
+            done.ok()
+
+        await self._link.run(close, what="channel reset")
+
     # -- settling ----------------------------------------------------------------------------
 
     def _others(self, held: _Held) -> list[_Held]:
@@ -280,7 +297,7 @@ class RabbitMQSource:
         gone = self._gone()
 
         def settle(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
-            if epoch != held.consumer.epoch:
+            if epoch != held.consumer.epoch:  # never settle a tag on a channel it is not from
                 done.fail(gone)
                 return
             for tag, multiple in pairs:
