@@ -1,0 +1,348 @@
+"""The fault suite: real `bridge run` processes, `kill -9` mid-stream, brokers and databases
+stopped and started under load. Every case counts and prints sent, delivered, lost (must be 0)
+and duplicated (at most what was in flight: batch_size x concurrency per kill).
+
+Kafka -> SQL under kill -9 (exactly-once) is in test_routes_sql_kafka.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pika
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from bridge.config.loader import load_config
+from bridge.envelope import Envelope, Headers
+from bridge.protocols import Transport
+from bridge.transports import load
+from tests.conftest import unique
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOTAL = 12_000
+BATCH = 100
+CONCURRENCY = 2
+IN_FLIGHT = BATCH * CONCURRENCY
+
+
+class Rig:
+    """A routes.yaml with every kind of connection, and ways to fill and count each side."""
+
+    def __init__(self, tmp_path: Path, pg_dsn: str, schema: str, kafka: str, rabbit: str) -> None:
+        self.kafka, self.rabbit = kafka, rabbit
+        self.src, self.dst = unique("Src"), unique("Dst")
+        self.topic, self.group = unique("topic"), unique("group")
+        self.queue = unique("q")
+        self.config = tmp_path / "routes.yaml"
+        self.config.write_text(
+            textwrap.dedent(
+                f"""\
+                connections:
+                  pg: {{type: postgresql, dsn: "{pg_dsn}", schema: "{schema}"}}
+                  kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,
+                           partitions: 3, session_timeout_ms: 3000}}
+                  rabbit: {{type: rabbitmq, url: "{rabbit}", queue_type: quorum}}
+                routes:
+                  - name: pg-to-kafka
+                    from: {{connection: pg, queue: "{self.src}"}}
+                    to: {{connection: kafka, topic: "{self.topic}"}}
+                    batch_size: {BATCH}
+                    concurrency: {CONCURRENCY}
+                  - name: kafka-to-pg
+                    from: {{connection: kafka, topic: "{self.topic}", group: "{self.group}"}}
+                    to: {{connection: pg, queue: "{self.dst}"}}
+                    batch_size: {BATCH}
+                  - name: pg-to-rabbit
+                    from: {{connection: pg, queue: "{self.src}"}}
+                    to: {{connection: rabbit, queue: "{self.queue}"}}
+                    batch_size: {BATCH}
+                    concurrency: {CONCURRENCY}
+                  - name: rabbit-to-pg
+                    from: {{connection: rabbit, queue: "{self.queue}"}}
+                    to: {{connection: pg, queue: "{self.dst}"}}
+                    batch_size: {BATCH}
+                    concurrency: {CONCURRENCY}
+                """
+            )
+        )
+        self.pg: Transport = load("pg", load_config(self.config).config.connections["pg"])
+        self.run("install")
+
+    def bridge(self, *args: str) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "bridge", *args, "-c", str(self.config)]
+        return subprocess.Popen(
+            [*command, "--log-level", "WARNING"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, *args: str) -> None:
+        process = self.bridge(*args)
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+        assert "Traceback" not in err, err
+
+    async def fill_pg(self) -> set[str]:
+        ids = [f"m{i}" for i in range(TOTAL)]
+        sink = self.pg.sink(self.src)
+        for start in range(0, TOTAL, 1000):
+            chunk = ids[start : start + 1000]
+            await sink.send(
+                [Envelope(Headers([("NServiceBus.MessageId", i)]), b"x" * 100) for i in chunk]
+            )
+        await sink.close()
+        return set(ids)
+
+    async def pg_ids(self, queue: str) -> list[str]:
+        source = self.pg.source(queue)
+        got: list[str] = []
+        try:
+            while True:
+                batch = await source.receive_batch(1000, 0.2)
+                async with batch:
+                    got.extend(e.message_id or "" for e in batch.messages)
+                    await batch.commit()
+                if not batch.messages:
+                    return got
+        finally:
+            await source.close()
+
+    async def pg_depth(self, queue: str) -> int:
+        return (await self.pg.peek(queue)).depth
+
+    async def kafka_ids(self) -> list[str]:
+        consumer = AIOKafkaConsumer(
+            self.topic,
+            bootstrap_servers=self.kafka,
+            group_id=unique("count"),
+            auto_offset_reset="earliest",
+            session_timeout_ms=3000,
+            heartbeat_interval_ms=1000,
+        )
+        await consumer.start()
+        ids: list[str] = []
+        try:
+            quiet = 0
+            while quiet < 3:
+                fetched = await consumer.getmany(timeout_ms=1000)
+                quiet = 0 if fetched else quiet + 1
+                for batch in fetched.values():
+                    for record in batch:
+                        ids.append(dict(record.headers)["NServiceBus.MessageId"].decode())
+        finally:
+            await consumer.stop()
+        return ids
+
+    def rabbit_ids(self) -> list[str]:
+        connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
+        channel = connection.channel()
+        ids = []
+        while True:
+            method, properties, _ = channel.basic_get(self.queue, auto_ack=True)
+            if method is None:
+                break
+            ids.append(properties.message_id)
+        connection.close()
+        return ids
+
+    def rabbit_depth(self) -> int:
+        connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
+        depth = connection.channel().queue_declare(self.queue, passive=True).method.message_count
+        connection.close()
+        return int(depth)
+
+    def fill_rabbit(self) -> set[str]:
+        connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        ids = [f"r{i}" for i in range(TOTAL)]
+        for message_id in ids:
+            channel.basic_publish(
+                "",
+                self.queue,
+                b"y" * 100,
+                pika.BasicProperties(
+                    message_id=message_id,
+                    delivery_mode=2,
+                    headers={"NServiceBus.MessageId": message_id},
+                ),
+            )
+        connection.close()
+        return set(ids)
+
+    async def close(self) -> None:
+        await self.pg.close()
+        connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
+        channel = connection.channel()
+        channel.queue_delete(self.queue)
+        channel.exchange_delete(self.queue)
+        connection.close()
+
+
+@pytest.fixture
+async def rig(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, rabbitmq_url: str
+) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path, pg_dsn, pg_schema, kafka_bootstrap, rabbitmq_url)
+    yield r
+    await r.close()
+
+
+def report(case: str, sent: set[str], delivered: list[str], bound: int) -> None:
+    counts = Counter(delivered)
+    lost = len(sent - counts.keys())
+    duplicated = sum(counts.values()) - len(counts)
+    print(
+        f"\n{case}: sent={len(sent)} delivered={len(delivered)} lost={lost} "
+        f"duplicated={duplicated} (in-flight bound {bound})"
+    )
+    assert lost == 0, f"{case}: lost {lost}"
+    assert counts.keys() <= sent, f"{case}: delivered ids that were never sent"
+    assert duplicated <= bound, f"{case}: {duplicated} duplicates > {bound} in flight"
+
+
+async def kill_mid_stream(
+    rig: Rig, route: str, progress: Callable[[], Awaitable[int]], kills: int = 3
+) -> int:
+    """Start the route, wait until it moves, kill -9 at a random moment; `kills` times."""
+    rng = random.Random(os.getpid())
+    done = 0
+    for _ in range(kills):
+        before = await progress()
+        if before >= TOTAL:
+            break
+        process = rig.bridge("run", "--route", route)
+        deadline = time.monotonic() + 60
+        while await progress() == before:
+            assert time.monotonic() < deadline and process.poll() is None, process.stderr
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(rng.uniform(0.05, 0.6))
+        process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(process.communicate)
+        done += 1
+    return done
+
+
+async def test_pg_to_kafka_kill_9(rig: Rig) -> None:
+    sent = await rig.fill_pg()
+
+    async def moved() -> int:
+        return TOTAL - await rig.pg_depth(rig.src)
+
+    kills = await kill_mid_stream(rig, "pg-to-kafka", moved)
+    await asyncio.to_thread(rig.run, "run", "--route", "pg-to-kafka", "--until-idle", "1")
+    assert await rig.pg_depth(rig.src) == 0
+    report(f"pg->kafka kill -9 x{kills}", sent, await rig.kafka_ids(), kills * IN_FLIGHT)
+
+
+async def test_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
+    sent = await rig.fill_pg()
+
+    async def moved() -> int:
+        return TOTAL - await rig.pg_depth(rig.src)
+
+    kills = await kill_mid_stream(rig, "pg-to-rabbit", moved)
+    await asyncio.to_thread(rig.run, "run", "--route", "pg-to-rabbit", "--until-idle", "1")
+    report(f"pg->rabbitmq kill -9 x{kills}", sent, rig.rabbit_ids(), kills * IN_FLIGHT)
+
+
+async def test_rabbitmq_to_pg_kill_9(rig: Rig) -> None:
+    sent = await asyncio.to_thread(rig.fill_rabbit)
+
+    async def moved() -> int:
+        return await rig.pg_depth(rig.dst)
+
+    kills = await kill_mid_stream(rig, "rabbit-to-pg", moved)
+    await asyncio.to_thread(rig.run, "run", "--route", "rabbit-to-pg", "--until-idle", "2")
+    assert rig.rabbit_depth() == 0
+    report(f"rabbitmq->pg kill -9 x{kills}", sent, await rig.pg_ids(rig.dst), kills * IN_FLIGHT)
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+def _postgres(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action]
+    subprocess.run(
+        [*command, *(["-m", "fast"] if action == "stop" else [])], check=True, timeout=120
+    )
+
+
+async def outage(
+    rig: Rig,
+    route: str,
+    progress: Callable[[], Awaitable[int]],
+    stop: Callable[[], None],
+    start: Callable[[], None],
+) -> None:
+    """Run the route, take the service away mid-stream for a few seconds, bring it back."""
+    process = rig.bridge("run", "--route", route, "--until-idle", "3")
+    deadline = time.monotonic() + 60
+    while await progress() == 0:
+        assert time.monotonic() < deadline and process.poll() is None
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(stop)
+    try:
+        await asyncio.sleep(3)
+        assert process.poll() is None, "the bridge must stay up through the outage"
+    finally:
+        await asyncio.to_thread(start)
+    _, err = await asyncio.to_thread(process.communicate, timeout=300)
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+async def test_rabbitmq_restart_mid_stream(rig: Rig) -> None:
+    sent = await rig.fill_pg()
+
+    async def moved() -> int:
+        return TOTAL - await rig.pg_depth(rig.src)
+
+    await outage(
+        rig,
+        "pg-to-rabbit",
+        moved,
+        lambda: _rabbitmqctl("stop_app"),
+        lambda: _rabbitmqctl("start_app"),
+    )
+    assert await rig.pg_depth(rig.src) == 0
+    report("pg->rabbitmq, RabbitMQ restarted", sent, rig.rabbit_ids(), IN_FLIGHT)
+
+
+async def test_postgres_restart_mid_stream(rig: Rig) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=rig.kafka, enable_idempotence=False)
+    await producer.start()
+    sent = {f"k{i}" for i in range(TOTAL)}
+    try:
+        for message_id in sorted(sent):
+            await producer.send(
+                rig.topic, b"z", headers=[("NServiceBus.MessageId", message_id.encode())]
+            )
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    async def moved() -> int:
+        try:
+            return await rig.pg_depth(rig.dst)
+        except Exception:
+            return 0
+
+    await outage(rig, "kafka-to-pg", moved, lambda: _postgres("stop"), lambda: _postgres("start"))
+    # Kafka -> SQL stores offsets with the rows: even across the outage, exactly once.
+    report("kafka->pg, PostgreSQL restarted", sent, await rig.pg_ids(rig.dst), 0)
