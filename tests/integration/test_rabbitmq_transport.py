@@ -5,6 +5,8 @@ settling, poison, administration. Every test uses its own queues and deletes the
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -480,6 +482,28 @@ async def test_check_names_every_missing_queue_and_exchange(
     )
     with pytest.raises(TransportError, match="does not exist"):
         await transport.peek(absent)
+
+
+def amqp_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("bridge-amqp")]
+
+
+async def test_no_connection_outlives_close_or_a_dropped_sink(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    before = set(amqp_threads())
+    transport = make()
+    queue = names("threads")
+    await transport.install([queue])
+    await transport.sink(queue).send([message(1)])  # a sink nobody closes
+    gc.collect()
+    source = transport.source(queue)
+    await (await source.receive_batch(10, 5.0)).commit()
+    await transport.close()
+    deadline = time.monotonic() + 10
+    while left := set(amqp_threads()) - before:
+        assert time.monotonic() < deadline, left
+        await asyncio.sleep(0.02)
 
 
 async def test_an_unreachable_broker_is_retriable() -> None:

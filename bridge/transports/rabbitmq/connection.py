@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -378,6 +379,7 @@ class Link:
         self._session: _Session | None = None
         self._opening = asyncio.Lock()
         self._closed = False
+        self._finalizer: weakref.finalize[[], Link] | None = None
 
     @property
     def epoch(self) -> int:
@@ -400,6 +402,10 @@ class Link:
                 )
                 self._session = session
                 session.start()
+                if self._finalizer is not None:
+                    self._finalizer.detach()
+                # A link dropped without close() must not leave its connection and thread behind.
+                self._finalizer = weakref.finalize(self, session.shutdown)
             try:
                 await self._wait(
                     session, asyncio.shield(session.ready.future), CONNECT_TIMEOUT, "connect"
