@@ -59,6 +59,11 @@ class Setup:
                     from: {{connection: db, queue: "{self.queue}"}}
                     to: {{connection: kafka, topic: "{self.topic}"}}
                     batch_size: 50
+                  - name: by-conversation
+                    from: {{connection: db, queue: "{self.queue}"}}
+                    to: {{connection: kafka, topic: "{self.topic}"}}
+                    key: header:NServiceBus.ConversationId
+                    batch_size: 50
                   - name: from-kafka
                     from: {{connection: kafka, topic: "{self.topic}", group: "{self.group}"}}
                     to: {{connection: db, queue: "{self.back}"}}
@@ -186,15 +191,26 @@ async def test_sql_to_kafka_to_sql_preserves_every_header_and_byte(setup: Setup)
     assert not await setup.drain_sql(setup.queue)
 
 
-async def test_records_are_keyed_by_message_id_and_ordered_within_a_key(setup: Setup) -> None:
+async def test_records_are_keyed_by_message_id_by_default(setup: Setup) -> None:
     await setup.send_sql(200)
     await asyncio.to_thread(setup.run, "run", "--route", "to-kafka", "--until-idle", "1")
     records = await setup.read_topic(200)
     assert len(records) == 200
     for key, envelope in records:
         assert key == (envelope.message_id or "").encode()
-    seqs = [int(e.headers.get("seq") or 0) for _, e in records]
-    assert sorted(seqs) == list(range(200))
+
+
+async def test_order_is_kept_within_a_key(setup: Setup) -> None:
+    await setup.send_sql(500)
+    await asyncio.to_thread(setup.run, "run", "--route", "by-conversation", "--until-idle", "1")
+    records = await setup.read_topic(500)
+    by_key: dict[bytes | None, list[int]] = {}
+    for key, envelope in records:
+        assert key == (envelope.headers.get("NServiceBus.ConversationId") or "").encode()
+        by_key.setdefault(key, []).append(int(envelope.headers.get("seq") or 0))
+    assert len(by_key) == 5
+    for seqs in by_key.values():
+        assert seqs == sorted(seqs) and len(seqs) == 100
 
 
 async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: Setup) -> None:
