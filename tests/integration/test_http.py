@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,46 +41,56 @@ def wait_for(condition: object, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    port = free_port()
-    config = tmp_path / "routes.yaml"
-    config.write_text(
+BRIDGE = [sys.executable, "-m", "bridge"]
+SECRET = "s3cret"
+
+
+def write_routes(path: Path, port: int, destination: str) -> Path:
+    path.write_text(
         textwrap.dedent(
             f"""\
             http: {{host: 127.0.0.1, port: {port}}}
             connections:
-              a: {{type: sqlite, path: "{tmp_path / "a.db"}"}}
-              b: {{type: sqlite, path: "{tmp_path / "b.db"}"}}
-              down: {{type: postgresql, dsn: "postgresql://postgres:s3cret@127.0.0.1:1/x"}}
+              a: {{type: sqlite, path: "{path.parent / "a.db"}"}}
+              b: {{type: sqlite, path: "{path.parent / "b.db"}"}}
+              down: {{type: postgresql, dsn: "postgresql://postgres:{SECRET}@127.0.0.1:1/x"}}
             routes:
-              - name: a-to-b
+              - name: a-to-{destination}
                 from: {{connection: a, queue: In}}
-                to: {{connection: b, queue: Out}}
+                to: {{connection: {destination}, queue: Out}}
             """
         )
     )
-    command = [sys.executable, "-m", "bridge"]
-    subprocess.run([*command, "install", "-c", str(config)], check=True, capture_output=True)
-    subprocess.run(
-        [*command, "send", "a", "In", "--count", "40", "-c", str(config)],
-        check=True,
-        capture_output=True,
-    )
+    return path
+
+
+@contextmanager
+def service(tmp_path: Path, destination: str, count: int) -> Iterator[int]:
+    """`bridge run` of one route from SQLite to `destination`, with `count` messages waiting."""
+    setup = write_routes(tmp_path / "setup.yaml", 0, "b")
+    subprocess.run([*BRIDGE, "install", "-c", str(setup)], check=True, capture_output=True)
+    send = [*BRIDGE, "send", "a", "In", "--count", str(count), "-c", str(setup)]
+    subprocess.run(send, check=True, capture_output=True)
+    port = free_port()
+    config = write_routes(tmp_path / "routes.yaml", port, destination)
     process = subprocess.Popen(
-        [*command, "run", "-c", str(config)], stderr=subprocess.PIPE, text=True
+        [*BRIDGE, "run", "-c", str(config)], stderr=subprocess.PIPE, text=True
     )
     try:
-        yield port, config
+        yield port
     finally:
         process.terminate()
         _, err = process.communicate(timeout=30)
         assert process.returncode == 0, err  # SIGTERM: finish the batch, commit, exit 0
-        assert "s3cret" not in err
+        assert SECRET not in err
 
 
-def test_health_readiness_routes_and_metrics(service: tuple[int, Path]) -> None:
-    port, _ = service
+def test_health_readiness_routes_and_metrics(tmp_path: Path) -> None:
+    with service(tmp_path, "b", 40) as port:
+        check_running_service(port)
+
+
+def check_running_service(port: int) -> None:
     wait_for(lambda: get(port, "/healthz")[0] == 200)
     wait_for(lambda: get(port, "/readyz")[0] == 200)
     wait_for(lambda: json.loads(get(port, "/routes")[1])["routes"][0]["forwarded"] == 40)
@@ -99,37 +110,7 @@ def test_health_readiness_routes_and_metrics(service: tuple[int, Path]) -> None:
 
 
 def test_a_route_in_backoff_is_not_ready_and_says_why(tmp_path: Path) -> None:
-    port = free_port()
-    config = tmp_path / "routes.yaml"
-    config.write_text(
-        textwrap.dedent(
-            f"""\
-            http: {{host: 127.0.0.1, port: {port}}}
-            connections:
-              a: {{type: sqlite, path: "{tmp_path / "a.db"}"}}
-              down: {{type: postgresql, dsn: "postgresql://postgres:s3cret@127.0.0.1:1/x"}}
-            routes:
-              - name: a-to-down
-                from: {{connection: a, queue: In}}
-                to: {{connection: down, queue: Out}}
-            """
-        )
-    )
-    command = [sys.executable, "-m", "bridge"]
-    sqlite_only = tmp_path / "install.yaml"
-    sqlite_only.write_text(
-        f'connections:\n  a: {{type: sqlite, path: "{tmp_path / "a.db"}"}}\n'
-        "routes:\n  - name: r\n    from: {connection: a, queue: In}\n"
-        "    to: {connection: a, queue: X}\n"
-    )
-    subprocess.run([*command, "install", "-c", str(sqlite_only)], check=True, capture_output=True)
-    subprocess.run(
-        [*command, "send", "a", "In", "-c", str(config)], check=True, capture_output=True
-    )
-    process = subprocess.Popen(
-        [*command, "run", "-c", str(config)], stderr=subprocess.PIPE, text=True
-    )
-    try:
+    with service(tmp_path, "down", 1) as port:
         wait_for(lambda: get(port, "/readyz")[0] == 503)
         wait_for(lambda: json.loads(get(port, "/routes")[1])["routes"][0]["last_error"])
         _, body = get(port, "/readyz")
@@ -137,10 +118,5 @@ def test_a_route_in_backoff_is_not_ready_and_says_why(tmp_path: Path) -> None:
         (route,) = json.loads(get(port, "/routes")[1])["routes"]
         assert route["state"] == "backoff" and route["retried"] >= 1
         assert "TransportUnavailable" in route["last_error"]
-        assert "s3cret" not in route["last_error"]
+        assert SECRET not in route["last_error"]
         assert get(port, "/healthz")[0] == 200  # alive all the same
-    finally:
-        process.terminate()
-        _, err = process.communicate(timeout=30)
-    assert process.returncode == 0
-    assert "s3cret" not in err
