@@ -6,15 +6,19 @@ No Spark here: these are the transport pieces `bridge.migrate` builds on.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.config.models import PostgresConnection, SqliteConnection
 from bridge.envelope import Envelope, Headers
+from bridge.migrate.ranges import split
 from bridge.transports import load
 from bridge.transports.sql.queue import SqlTransport
 from tests.conftest import unique
@@ -162,3 +166,18 @@ async def test_the_service_goes_on_next_to_a_range_source(pg_dsn: str, pg_schema
         assert await transport.bounds(queue) is None
     finally:
         await transport.close()
+
+
+@given(lo=st.integers(-5, 10**12), width=st.integers(0, 10**6), parts=st.integers(1, 64))
+def test_split_covers_the_range_in_contiguous_near_equal_parts(
+    lo: int, width: int, parts: int
+) -> None:
+    hi = lo + width - 1
+    ranges = split(lo, hi, parts)
+    if width == 0:
+        assert ranges == []
+        return
+    assert ranges[0][0] == lo and ranges[-1][1] == hi
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))
+    sizes = [b - a + 1 for a, b in ranges]
+    assert len(ranges) == min(parts, width) and max(sizes) - min(sizes) <= 1
