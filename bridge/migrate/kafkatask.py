@@ -9,8 +9,8 @@ the move is exactly-once: a retried task starts from the stored position, not fr
 driver planned, and a second run finds nothing left. Records are decoded with the Kafka
 transport's own codec (`headers.from_record`); a record whose headers are not UTF-8 is poison
 and is copied, before its batch is handed out, to the route's error topic on the Kafka
-connection, as the service does (`headers.error_record`). Records at or past `end` are left to
-the service.
+connection, as the service does (`headers.error_record`); so is, at commit, a message the
+destination refused for good. Records at or past `end` are left to the service.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bridge.batch import Batch
+from bridge.batch import Batch, Rejected
 from bridge.config.models import KafkaConnection
+from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError, TransportError, TransportUnavailable
 from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
@@ -30,7 +31,13 @@ from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.config import consumer_kwargs
 from bridge.transports.kafka.errors import kafka_errors
-from bridge.transports.kafka.headers import error_record, from_record, poison_from_record
+from bridge.transports.kafka.headers import (
+    DEFAULT_KEY,
+    error_record,
+    from_record,
+    poison_from_record,
+    to_record,
+)
 from bridge.transports.kafka.sink import produce
 from bridge.transports.kafka.source import checkpoint_key
 from bridge.transports.sql.queue import SqlSink
@@ -103,6 +110,11 @@ class PartitionSource:
             self._consumer.seek(self._tp, first)
             raise
         self._next = after
+        rejected: list[Rejected] = []
+
+        async def commit() -> None:
+            if rejected:
+                await self._dead_letter(rejected)
 
         async def abort() -> None:
             self._next = first
@@ -112,7 +124,9 @@ class PartitionSource:
             messages,
             poison=[copy for _, copy in poison],
             checkpoint={self._key: after},
+            on_commit=commit,
             on_abort=abort,
+            rejected=rejected,
         )
 
     async def close(self) -> None:
@@ -174,6 +188,20 @@ class PartitionSource:
                 self._transport.config.max_request_size,
             )
             self._copied.update(offset for offset, _ in todo)
+
+    async def _dead_letter(self, rejected: list[Rejected]) -> None:
+        """Error-queue copies of what the destination refused for good, as the service does."""
+        now = time.time()
+        records = [
+            to_record(error_copy(r.envelope, r.error, self._tp.topic), DEFAULT_KEY, now)
+            for r in rejected
+        ]
+        await produce(
+            self._transport.producer,
+            self._error_queue,
+            records,
+            self._transport.config.max_request_size,
+        )
 
 
 async def move_partition(

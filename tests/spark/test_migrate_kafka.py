@@ -9,7 +9,7 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope
+from bridge.errors import MessageRejected
+from bridge.migrate.bounded import run_until_exhausted
 from bridge.migrate.driver import migrate
+from bridge.migrate.kafkatask import PartitionSource
 from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
 from bridge.protocols import Transport
 from bridge.transports import load
+from bridge.transports.kafka import Transport as KafkaTransport
 from tests.conftest import unique
 from tests.spark.conftest import write_routes
 from tests.spark.data import by_id, message, pg_insert_raw, pg_raw_headers, pg_rows
@@ -213,3 +217,58 @@ async def _produce_poison(setup: Setup, partition: int) -> int:
         return int(sent.offset) + 1
     finally:
         await producer.stop()
+
+
+class RefusingSink:
+    """Accepts everything but messages with a `refuse` header, which it rejects for good."""
+
+    def __init__(self) -> None:
+        self.got: list[Envelope] = []
+        self.checkpoints: list[dict[str, int]] = []
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Mapping[str, int] | None = None
+    ) -> None:
+        for index, envelope in enumerate(envelopes):
+            if envelope.headers.get("refuse") is not None:
+                raise MessageRejected("too large for the destination", index=index)
+        self.got.extend(envelopes)
+        self.checkpoints.append(dict(checkpoint or {}))
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_partition_source_dead_letters_what_the_destination_refuses(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str
+) -> None:
+    setup = Setup(tmp_path, pg_dsn, pg_schema, kafka_bootstrap)
+    await setup.install()
+    sent = [message(n) for n in range(30)]
+    sent[7].headers.add("refuse", "yes")
+    end = await setup.produce([(m, 0, None) for m in sent])
+    _, route = JobSpec.from_file(str(setup.config), "from-kafka").load()
+    kafka = setup.transport("kafka")
+    assert isinstance(kafka, KafkaTransport)
+    source = PartitionSource(
+        kafka,
+        topic=setup.topic,
+        partition=0,
+        start=0,
+        end=end[0],
+        group=setup.group,
+        error_queue=setup.errors,
+    )
+    sink = RefusingSink()
+    try:
+        moved = await run_until_exhausted(route, source, sink)
+    finally:
+        await kafka.close()
+    assert (moved.moved, moved.poison) == (29, 1)
+    assert [m.message_id for m in sink.got] == [m.message_id for i, m in enumerate(sent) if i != 7]
+    assert sink.checkpoints[-1] == {f"{setup.group}/{setup.topic}/0": end[0]}
+    (copy,) = await setup.read(setup.errors)
+    headers = dict((k, None if v is None else v.decode()) for k, v in copy.headers)
+    assert headers["NServiceBus.MessageId"] == sent[7].message_id
+    assert headers["NServiceBus.FailedQ"] == setup.topic
+    assert "too large" in str(headers["NServiceBus.ExceptionInfo.Message"])
