@@ -157,6 +157,12 @@ def _validation_error(exc: ValidationError, positions: Positions) -> ConfigError
     return ConfigError(f"{shown}: {message}{suffix}" if shown else message + suffix, where)
 
 
+def _yaml_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
+    mark = exc.problem_mark or exc.context_mark
+    where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else f"{file}:1:1"
+    return ConfigError(f"invalid YAML: {exc.problem or exc.context}", where)
+
+
 def parse_config(
     text: str, file: str = "routes.yaml", env: Mapping[str, str] | None = None
 ) -> LoadedConfig:
@@ -164,9 +170,7 @@ def parse_config(
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
-        raise ConfigError(f"invalid YAML: {exc.problem or exc.context}", where) from None
+        raise _yaml_error(exc, file) from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
         column = exc.position - text.rfind("\n", 0, exc.position)
@@ -179,7 +183,10 @@ def parse_config(
     if root is None:
         raise ConfigError("the file is empty; it needs `connections` and `routes`", f"{file}:1:1")
     builder = _Builder(positions, os.environ if env is None else env)
-    data = builder.build(root, ())
+    try:
+        data = builder.build(root, ())
+    except yaml.MarkedYAMLError as exc:
+        raise _yaml_error(exc, file) from None
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping", positions.at(()))
     try:
