@@ -541,3 +541,19 @@ async def test_postgresql_connections_come_back_after_being_killed(
         await again.commit()
     finally:
         await transport.close()
+
+
+def test_postgresql_errors_never_quote_message_content(pg_dsn: str) -> None:
+    import psycopg
+
+    from bridge.transports.sql.errors import postgresql_error
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE guarded (body text CHECK (body <> 'SECRET-BODY'))")
+        try:
+            conn.execute("INSERT INTO guarded VALUES ('SECRET-BODY')")
+        except psycopg.Error as exc:
+            error = postgresql_error("postgresql connection 'shop'", exc)
+    assert error is not None and not error.retriable
+    assert "SECRET-BODY" not in str(error)
+    assert str(error).endswith("(SQLSTATE 23514)")

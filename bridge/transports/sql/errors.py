@@ -6,7 +6,8 @@ down or out of resources. Everything else a driver raises (missing table, permis
 bad data) is a `TransportError`: retrying will not help. A function returns None for an
 exception that is not its driver's, so programming errors keep their own type.
 
-Messages name the connection (`sqlite connection 'local'`), never its DSN: DSNs carry secrets.
+Messages name the connection (`sqlite connection 'local'`), never its DSN: DSNs carry secrets,
+and never a server's DETAIL, which can quote a row's message content.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ _ODBC_RETRIABLE_STATES = {"HYT00", "HYT01", "40001"}
 _MSSQL_RETRIABLE_NUMBERS = ("(1205)", "(1222)", "(-2)", "(10054)", "(10060)", "(40613)")
 
 
-def _error(where: str, exc: Exception, retriable: bool) -> TransportError:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+def _error(
+    where: str, exc: Exception, retriable: bool, text: str | None = None
+) -> TransportError:
+    text = " ".join((text or str(exc)).split()) or type(exc).__name__
     if retriable:
         return TransportUnavailable(f"{where} unavailable: {text}")
     return TransportError(f"{where}: {text}")
@@ -55,7 +58,9 @@ def postgresql_error(where: str, exc: Exception) -> TransportError | None:
         retriable = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     else:
         retriable = state[:2] in _PG_RETRIABLE_CLASSES or state in _PG_RETRIABLE_STATES
-    return _error(where, exc, retriable)
+    # The server's DETAIL can quote a failing row (message headers and body): keep it out.
+    primary = exc.diag.message_primary if state is not None else None
+    return _error(where, exc, retriable, f"{primary} (SQLSTATE {state})" if primary else None)
 
 
 def sqlserver_error(where: str, exc: Exception) -> TransportError | None:
