@@ -22,24 +22,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bridge.batch import Batch, Rejected
 from bridge.config.models import KafkaConnection
-from bridge.deadletter import error_copy
-from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import ConfigError, HeadersFormatError, TransportError, TransportUnavailable
+from bridge.errors import ConfigError, TransportError, TransportUnavailable
 from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.config import consumer_kwargs
 from bridge.transports.kafka.errors import kafka_errors
-from bridge.transports.kafka.headers import (
-    DEFAULT_KEY,
-    error_record,
-    from_record,
-    poison_from_record,
-    to_record,
-)
-from bridge.transports.kafka.sink import produce
-from bridge.transports.kafka.source import checkpoint_key
+from bridge.transports.kafka.source import ErrorTopic, checkpoint_key, read_records
 from bridge.transports.sql.queue import SqlSink
 
 __all__ = ["PartitionSource", "kafka_task", "move_partition", "partition_offsets"]
@@ -83,29 +73,18 @@ class PartitionSource:
         self._next = start
         self._end = end
         self._key = checkpoint_key(group, topic, partition)
-        self._error_queue = error_queue
         self._consumer: Any = None
-        self._copied: set[int] = set()  # offsets of poison records already in the error topic
+        config = transport.config
+        self._errors = ErrorTopic(transport.producer, error_queue, topic, config.max_request_size)
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         records = await self._fetch(max_messages)
         if not records:
             return Batch()
         first, after = records[0].offset, records[-1].offset + 1
-        messages: list[Envelope] = []
-        poison: list[tuple[Any, PoisonMessage]] = []
-        for r in records:
-            try:
-                messages.append(
-                    from_record(
-                        r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp
-                    )
-                )
-            except HeadersFormatError as exc:
-                copy = poison_from_record(r.topic, r.partition, r.offset, r.value, r.headers, exc)
-                poison.append((r, copy))
+        messages, poison = read_records(records)
         try:
-            await self._copy_poison(poison)
+            await self._errors.copy_poison(poison)
         except BaseException:
             self._consumer.seek(self._tp, first)
             raise
@@ -114,7 +93,7 @@ class PartitionSource:
 
         async def commit() -> None:
             if rejected:
-                await self._dead_letter(rejected)
+                await self._errors.dead_letter(rejected)
 
         async def abort() -> None:
             self._next = first
@@ -172,36 +151,6 @@ class PartitionSource:
                 raise
             self._consumer = consumer
         return self._consumer
-
-    async def _copy_poison(self, poison: list[tuple[Any, PoisonMessage]]) -> None:
-        now = time.time()
-        todo = [
-            (r.offset, error_record(r.key, r.headers, copy, self._tp.topic, now))
-            for r, copy in poison
-            if r.offset not in self._copied
-        ]
-        if todo:
-            await produce(
-                self._transport.producer,
-                self._error_queue,
-                [record for _, record in todo],
-                self._transport.config.max_request_size,
-            )
-            self._copied.update(offset for offset, _ in todo)
-
-    async def _dead_letter(self, rejected: list[Rejected]) -> None:
-        """Error-queue copies of what the destination refused for good, as the service does."""
-        now = time.time()
-        records = [
-            to_record(error_copy(r.envelope, r.error, self._tp.topic), DEFAULT_KEY, now)
-            for r in rejected
-        ]
-        await produce(
-            self._transport.producer,
-            self._error_queue,
-            records,
-            self._transport.config.max_request_size,
-        )
 
 
 async def move_partition(

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -51,7 +51,6 @@ from bridge.protocols import CheckpointStore
 from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
 from bridge.transports.kafka.headers import (
     DEFAULT_KEY,
-    Record,
     error_record,
     from_record,
     poison_from_record,
@@ -59,7 +58,7 @@ from bridge.transports.kafka.headers import (
 )
 from bridge.transports.kafka.sink import ProducerFactory, produce
 
-__all__ = ["KafkaSource", "checkpoint_key", "read_records"]
+__all__ = ["ErrorTopic", "KafkaSource", "checkpoint_key", "read_records"]
 
 log = logging.getLogger("bridge.kafka")
 
@@ -84,6 +83,45 @@ def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any
     return messages, poison
 
 
+class ErrorTopic:
+    """A Kafka source's error topic: poison copies (once each) and rejected messages."""
+
+    def __init__(
+        self, producer: ProducerFactory, topic: str, failed_q: str, max_request_size: int
+    ) -> None:
+        self.topic = topic
+        self._producer = producer
+        self._failed_q = failed_q
+        self._max_request_size = max_request_size
+        self._copied: set[tuple[TopicPartition, int]] = set()  # poison already copied
+
+    async def copy_poison(self, poison: list[tuple[Any, PoisonMessage]]) -> None:
+        """Copy each poison record byte for byte, plus failure headers; once per record."""
+        now = time.time()
+        todo = [
+            (where, error_record(r.key, r.headers, copy, self._failed_q, now))
+            for r, copy in poison
+            if (where := (TopicPartition(r.topic, r.partition), r.offset)) not in self._copied
+        ]
+        if todo:
+            records = [record for _, record in todo]
+            await produce(self._producer, self.topic, records, self._max_request_size)
+            self._copied.update(where for where, _ in todo)
+
+    async def dead_letter(self, rejected: list[Rejected]) -> None:
+        """Write the error-queue copies of messages the destination refused for good."""
+        now = time.time()
+        records = [
+            to_record(error_copy(r.envelope, r.error, self._failed_q), DEFAULT_KEY, now)
+            for r in rejected
+        ]
+        await produce(self._producer, self.topic, records, self._max_request_size)
+
+    def forget(self, keep: Callable[[TopicPartition, int], bool]) -> None:
+        """Drop what no longer needs remembering (committed, or another owner's now)."""
+        self._copied = {(tp, offset) for tp, offset in self._copied if keep(tp, offset)}
+
+
 class KafkaSource:
     #: Seconds a revocation waits for the batch in hand to settle (below the rebalance timeout).
     revoke_grace: float = 5.0
@@ -103,13 +141,11 @@ class KafkaSource:
         self.group = group
         self.error_queue = error_queue
         self._consumer_kwargs = consumer_kwargs
-        self._producer = producer
-        self._max_request_size = max_request_size
         self._store = checkpoint_store
         self._consumer: Any = None  # AIOKafkaConsumer, started on first receive
         self._unpositioned: set[TopicPartition] = set()  # waiting for their stored position
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
-        self._copied: set[tuple[TopicPartition, int]] = set()  # poison already in error_queue
+        self._errors = ErrorTopic(producer, error_queue, topic, max_request_size)
         self._joined = False  # the group gave this consumer its (possibly empty) assignment
         self._drained = False
         self._drained_checked = 0.0
@@ -183,7 +219,7 @@ class KafkaSource:
             after[tp] = r.offset + 1
         messages, poison = read_records(records)
         try:
-            await self._copy_poison(poison)
+            await self._errors.copy_poison(poison)
         except BaseException:
             self._rewind(first)
             raise
@@ -194,7 +230,7 @@ class KafkaSource:
             try:
                 if rejected:
                     try:
-                        await self._dead_letter(rejected)
+                        await self._errors.dead_letter(rejected)
                     except BaseException:
                         self._rewind(first)  # not delivered anywhere: receive them again
                         raise
@@ -236,30 +272,6 @@ class KafkaSource:
             self._consumer = consumer
         return self._consumer
 
-    async def _copy_poison(self, poison: list[tuple[Any, PoisonMessage]]) -> None:
-        now = time.time()
-        todo: list[tuple[tuple[TopicPartition, int], Record]] = [
-            (
-                (TopicPartition(r.topic, r.partition), r.offset),
-                error_record(r.key, r.headers, copy, self.topic, now),
-            )
-            for r, copy in poison
-        ]
-        todo = [(where, record) for where, record in todo if where not in self._copied]
-        if todo:
-            records = [record for _, record in todo]
-            await produce(self._producer, self.error_queue, records, self._max_request_size)
-            self._copied.update(where for where, _ in todo)
-
-    async def _dead_letter(self, rejected: list[Rejected]) -> None:
-        """Write the error-queue copies of messages the destination refused for good."""
-        now = time.time()
-        records = [
-            to_record(error_copy(r.envelope, r.error, self.topic), DEFAULT_KEY, now)
-            for r in rejected
-        ]
-        await produce(self._producer, self.error_queue, records, self._max_request_size)
-
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         consumer = self._consumer
         assigned = consumer.assignment() if consumer is not None else set()
@@ -276,7 +288,7 @@ class KafkaSource:
             return
         except DRIVER_ERRORS as exc:
             raise translate(exc, f"commit offsets of group {self.group!r}") from exc
-        self._copied = {(tp, o) for tp, o in self._copied if o >= owned.get(tp, 0)}
+        self._errors.forget(lambda tp, offset: offset >= owned.get(tp, 0))
 
     def _handed_over(self, partitions: Iterable[TopicPartition], why: str) -> None:
         names = ", ".join(sorted(f"{tp.topic}/{tp.partition}" for tp in partitions))
@@ -333,7 +345,7 @@ class KafkaSource:
             log.warning("group %s: loading stored positions failed: %s", self.group, exc)
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._copied = {(tp, o) for tp, o in self._copied if tp not in revoked}
+        self._errors.forget(lambda tp, _: tp not in revoked)
         settled = self._in_hand
         if not revoked or settled is None or settled.is_set():
             return
