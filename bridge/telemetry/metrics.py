@@ -12,8 +12,11 @@ prometheus_client registry that `/metrics` renders. Instruments (all with a `rou
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from functools import lru_cache
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -22,7 +25,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from bridge.envelope import Envelope
 from bridge.wireformat import parse_timestamp
 
-__all__ = ["Metrics", "RouteMetrics"]
+__all__ = ["Metrics", "RouteMetrics", "sent_at"]
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -132,7 +135,7 @@ class RouteMetrics:
                 sent = envelope.headers.get("NServiceBus.TimeSent")
                 if sent:
                     try:
-                        moment = parse_timestamp(sent).timestamp()
+                        moment = sent_at(sent)
                     except ValueError:
                         continue
                     self._m.latency.record(max(0.0, now - moment), attrs)
@@ -143,3 +146,26 @@ class RouteMetrics:
 
     def retried(self) -> None:
         self._m.retried.add(1, self._attrs)
+
+
+_TIME_SENT = re.compile(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d):(\d{6}) Z", re.ASCII)
+
+
+@lru_cache(maxsize=8)
+def _midnight(year: int, month: int, day: int) -> float:
+    return datetime(year, month, day, tzinfo=UTC).timestamp()
+
+
+def sent_at(text: str) -> float:
+    """Epoch seconds of a `NServiceBus.TimeSent` value; ValueError when it is not one.
+
+    The same as `parse_timestamp(text).timestamp()`, about five times faster for the form
+    endpoints write (it runs for every forwarded message); other forms take the slow path.
+    """
+    match = _TIME_SENT.fullmatch(text)
+    if match is None:
+        return parse_timestamp(text).timestamp()
+    year, month, day, hour, minute, second, micro = map(int, match.groups())
+    if hour > 23 or minute > 59 or second > 59:
+        return parse_timestamp(text).timestamp()
+    return _midnight(year, month, day) + hour * 3600 + minute * 60 + second + micro / 1e6
