@@ -31,9 +31,7 @@ _ODBC_RETRIABLE_STATES = {"HYT00", "HYT01", "40001"}
 _MSSQL_RETRIABLE_NUMBERS = ("(1205)", "(1222)", "(-2)", "(10054)", "(10060)", "(40613)")
 
 
-def _error(
-    where: str, exc: Exception, retriable: bool, text: str | None = None
-) -> TransportError:
+def _error(where: str, exc: Exception, retriable: bool, text: str | None = None) -> TransportError:
     text = " ".join((text or str(exc)).split()) or type(exc).__name__
     if retriable:
         return TransportUnavailable(f"{where} unavailable: {text}")
