@@ -166,13 +166,8 @@ class RouteRunner:
 
     async def _forward(self, batch: ReceivedBatch, sink: Sink) -> None:
         now = time.time()
-        originals: list[Envelope] = []
-        expired = batch.expired
-        for envelope in batch.messages:
-            if envelope.is_expired(now):
-                expired += 1
-            else:
-                originals.append(envelope)
+        originals = [e for e in batch.messages if e.expires_at is None or e.expires_at > now]
+        expired = batch.expired + len(batch.messages) - len(originals)
         with self.tracing.batch(originals):
             live = await self._send(batch, sink, originals)
             await batch.commit()
@@ -194,8 +189,11 @@ class RouteRunner:
         Returns what the destination accepted. When the sink cannot say which message it
         refused, each is sent alone to find out.
         """
-        forward = self.tracing.forward
-        pairs = [(original, forward(self._translate(original))) for original in originals]
+        if self._translate.identity and not self.tracing.enabled:
+            pairs = [(original, original) for original in originals]  # nothing to rewrite
+        else:
+            forward = self.tracing.forward
+            pairs = [(original, forward(self._translate(original))) for original in originals]
         while True:
             try:
                 if pairs or batch.checkpoint:
