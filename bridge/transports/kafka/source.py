@@ -211,12 +211,9 @@ class KafkaSource:
                 await self._check_drained()
             return Batch()
         self._drained = False
-        first: dict[TopicPartition, int] = {}
-        after: dict[TopicPartition, int] = {}
-        for r in records:
-            tp = TopicPartition(r.topic, r.partition)
-            first.setdefault(tp, r.offset)
-            after[tp] = r.offset + 1
+        # getmany returns each partition's records in offset order
+        first = {tp: rs[0].offset for tp, rs in fetched.items() if rs}
+        after = {tp: rs[-1].offset + 1 for tp, rs in fetched.items() if rs}
         messages, poison = read_records(records)
         try:
             await self._errors.copy_poison(poison)
