@@ -3,7 +3,8 @@
 Guarantees: the producer always waits for every in-sync replica (`acks="all"`); idempotence
 follows `idempotence` (on by default; the local tansu broker needs it off). Consumers never
 auto-commit (a source commits only what its sink made durable), start from the earliest record
-when their group has no committed offset, and fetch records up to `max_request_size`.
+when their group has no committed offset, fetch records up to `max_request_size`, and wait at
+most `FETCH_MAX_WAIT_MS` at the broker for records to arrive.
 
 Connection settings are checked here, with one message per mistake, before anything connects:
 SASL needs a mechanism, a user name and a password; credentials or certificate files given for a
@@ -24,6 +25,11 @@ from bridge.errors import ConfigError
 __all__ = ["client_kwargs", "consumer_kwargs", "producer_kwargs", "validate"]
 
 _MIN_FETCH_BYTES = 1_048_576
+#: How long a fetch may wait at the broker for records. Kafka answers a waiting fetch as soon as
+#: a record arrives, so this only sets how often an idle consumer asks again; brokers that hold
+#: every fetch for the whole wait (tansu, the local test broker) add up to this much latency, so
+#: it is kept well below aiokafka's 500 ms (20 empty fetches a second per idle source).
+FETCH_MAX_WAIT_MS = 50
 
 
 def validate(config: KafkaConnection) -> None:
@@ -93,6 +99,7 @@ def consumer_kwargs(config: KafkaConnection, group: str | None) -> dict[str, Any
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": max(_MIN_FETCH_BYTES, config.max_request_size),
+        "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
         "session_timeout_ms": config.session_timeout_ms,
         "heartbeat_interval_ms": max(100, config.session_timeout_ms // 3),
     }
