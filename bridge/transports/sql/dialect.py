@@ -108,8 +108,8 @@ class Dialect(ABC):
         return self.queue_statements(name).send
 
     def send_params(self, row: OutgoingRow) -> Sequence[Any]:
-        """Parameters of `send`: (id, ttl_ms, headers, body)."""
-        return (row.id, row.ttl_ms, row.headers, row.body)
+        """Parameters of `send`: (id, ttl_ms, headers, body), which is the row itself."""
+        return row
 
     def warnings(self, db: DbConnection, name: str) -> list[str]:
         """Human-readable problems of an existing table that still works."""

@@ -37,8 +37,9 @@ __all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport"]
 
 MAX_TABLE_NAME_BYTES = 55
 _NOW = "(now() AT TIME ZONE 'UTC')"
+# rs.id as text: the native id is a string, and a uuid.UUID per row only to format it costs.
 _RETURNING = (
-    "RETURNING rs.id,"
+    "RETURNING rs.id::text,"
     f" CASE WHEN rs.expires IS NULL THEN 0 WHEN rs.expires > {_NOW} THEN 0 ELSE 1 END,"
     " rs.headers, rs.body,\n"
     f"  CAST(EXTRACT(EPOCH FROM rs.expires - {_NOW}) * 1000 AS bigint), rs.seq"
