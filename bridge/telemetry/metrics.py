@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
 from bridge.envelope import Envelope
@@ -94,7 +94,11 @@ class Metrics:
             ),
         ]
         reader = PrometheusMetricReader()
-        _PROCESS_METRICS = cls(MeterProvider(metric_readers=[reader], views=views))
+        # Prometheus text has no exemplars: offering every measurement to a reservoir is waste.
+        provider = MeterProvider(
+            metric_readers=[reader], views=views, exemplar_filter=AlwaysOffExemplarFilter()
+        )
+        _PROCESS_METRICS = cls(provider)
         return _PROCESS_METRICS
 
     def _observe_depths(self, options: CallbackOptions) -> Iterable[Observation]:
