@@ -54,6 +54,7 @@ from bridge.transports.sql.dialect import DbConnection, Dialect, scalar
 from bridge.transports.sql.layout import (
     ScannedRow,
     incoming,
+    new_ids,
     outgoing,
     poison_copy,
     received_rows,
@@ -249,7 +250,11 @@ class SqlSink:
             self._create_checkpoint_table(db)
         statement = self._dialect.send_statement(db, self._address)
         now = time.time()
-        rows = [self._dialect.send_params(outgoing(envelope, now)) for envelope in envelopes]
+        send_params = self._dialect.send_params
+        rows = [
+            send_params(outgoing(envelope, now, native_id))
+            for envelope, native_id in zip(envelopes, new_ids(len(envelopes)), strict=True)
+        ]
         if not self._borrowed:
             self._dialect.begin(db)
         cursor = db.cursor()
