@@ -242,6 +242,35 @@ async def test_order_is_kept_within_a_key(kafka_bootstrap: str) -> None:
         assert len(partitions) == 1, conv
 
 
+async def test_a_key_lands_where_a_plain_producer_puts_it(kafka_bootstrap: str) -> None:
+    """The sink builds its record batches itself; keys must still keep the partition the
+    producer's default partitioner (and so every other Kafka client) gives them."""
+    topic, group = unique("keys"), unique("g")
+    keys = [f"c-{i}" for i in range(40)]
+    async with kafka(kafka_bootstrap, partitions=5) as transport:
+        await transport.install([topic])
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
+        await producer.start()
+        try:
+            plain = {
+                k: (await producer.send_and_wait(topic, b"x", key=k.encode())).partition
+                for k in keys
+            }
+        finally:
+            await producer.stop()
+        await transport.sink(topic, key="header:Conv").send(
+            [message(i, None, ("Conv", k)) for i, k in enumerate(keys)]
+        )
+        got = await drain(fast_source(transport, topic, group), 2 * len(keys), batch_size=64)
+    bridged = {
+        e.headers.get("Conv"): int((e.native_id or "").split("/")[1])
+        for e in got
+        if e.headers.get("Conv")
+    }
+    assert bridged == plain
+    assert len(set(plain.values())) > 1
+
+
 async def test_abort_redelivers_the_same_records(kafka_bootstrap: str) -> None:
     topic, group = unique("abort"), unique("g")
     async with kafka(kafka_bootstrap, partitions=1) as transport:

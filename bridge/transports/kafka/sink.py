@@ -28,14 +28,12 @@ Errors
 from __future__ import annotations
 
 import asyncio
-import random
-import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from functools import lru_cache
 from typing import Any
 
 from aiokafka.errors import UnknownTopicOrPartitionError
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from bridge.envelope import Envelope
@@ -49,7 +47,11 @@ from bridge.protocols import Checkpoint
 from bridge.transports.kafka.errors import DRIVER_ERRORS, translate
 from bridge.transports.kafka.headers import Record, key_header, to_record
 
-__all__ = ["KafkaSink", "ProducerFactory", "murmur2", "partition_for", "produce"]
+__all__ = ["KafkaSink", "ProducerFactory", "produce"]
+
+# The producer's own default: murmur2 of the key modulo the partition count (as the Java client),
+# a random available partition for no key.
+_partitioner = DefaultPartitioner()
 
 #: Returns the transport's started producer (an `aiokafka.AIOKafkaProducer`).
 ProducerFactory = Callable[[], Awaitable[Any]]
@@ -143,7 +145,7 @@ async def _record_batches(
     batches: list[tuple[int, int, Any]] = []
     open_builders: dict[int, Any] = {}
     for index, (key, value, headers, timestamp_ms) in enumerate(records):
-        partition = partition_for(key, every, available)
+        partition = _partitioner(key, every, available)
         builder = open_builders.get(partition)
         if builder is None or (
             builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers) is None
@@ -169,42 +171,3 @@ async def _explain(
         if topic not in cluster.topics():
             return MessageRejected(f"kafka: {what}: the topic does not exist", index=index)
     return translate(exc, what, index=index)
-
-
-def partition_for(key: bytes | None, every: Sequence[int], available: Sequence[int]) -> int:
-    """The partition aiokafka's (and the Java client's) default partitioner picks: murmur2 of
-    the key modulo the partition count, a random available partition for no key."""
-    if key is None:
-        return random.choice(available or every)  # noqa: S311 - spreading load, not security
-    return every[(murmur2(key) & 0x7FFFFFFF) % len(every)]
-
-
-_M = 0x5BD1E995
-_MASK = 0xFFFFFFFF
-
-
-@lru_cache(maxsize=128)
-def _words(count: int) -> struct.Struct:
-    return struct.Struct(f"<{count}I")
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (`Utils.murmur2`), equal to `aiokafka.partitioner.murmur2` and twice as
-    fast: the 4-byte words are unpacked at once instead of byte by byte."""
-    length = len(data)
-    h = 0x9747B28C ^ length
-    count = length >> 2
-    for k in _words(count).unpack_from(data):
-        k = (k * _M) & _MASK
-        k = ((k ^ (k >> 24)) * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
-    tail = length & 3
-    if tail:
-        base = count << 2
-        if tail >= 3:
-            h ^= data[base + 2] << 16
-        if tail >= 2:
-            h ^= data[base + 1] << 8
-        h = ((h ^ data[base]) * _M) & _MASK
-    h = ((h ^ (h >> 13)) * _M) & _MASK
-    return h ^ (h >> 15)
