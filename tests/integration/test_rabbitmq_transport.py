@@ -285,6 +285,35 @@ async def test_abort_requeues_everything_in_order(make: Make, names: Callable[[s
     assert (await transport.peek(queue)).depth == 0
 
 
+async def test_a_steady_trickle_is_handed_over_without_waiting_for_a_full_batch(
+    make: Make, names: Callable[[str], str]
+) -> None:
+    """Deliveries 10 ms apart never pause for `DELIVERY_PAUSE`; a receive still hands over what
+    it has `GATHER_LIMIT` after its first delivery instead of waiting for `max_messages`."""
+    transport = make()
+    queue = names("trickle")
+    await transport.install([queue])
+    sink = transport.sink(queue)
+
+    async def trickle() -> None:
+        for i in range(100):
+            await sink.send([message(i)])
+            await asyncio.sleep(0.01)
+
+    sending = asyncio.create_task(trickle())
+    source = transport.source(queue)
+    try:
+        batch = await source.receive_batch(1000, 5.0)
+        async with batch:
+            first = len(batch.messages)
+            await batch.commit()
+    finally:
+        await sending
+    assert 1 <= first < 50
+    got = await receive(source, 100 - first)
+    assert [e.message_id for e in got] == [f"id-{i}" for i in range(first, 100)]
+
+
 async def test_commit_acknowledges_and_closing_unsettled_returns(
     make: Make, names: Callable[[str], str]
 ) -> None:

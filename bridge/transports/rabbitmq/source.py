@@ -4,7 +4,8 @@ Guarantees
     One consumer per source on its own connection (`connection.py`), manual acknowledgements,
     `basic.qos` prefetch = max(`prefetch`, the first `max_messages`), at most AMQP's 65535.
     `receive_batch` waits up to `timeout` for the first delivery, then keeps gathering until
-    it has `max_messages` or no delivery arrived for `DELIVERY_PAUSE` seconds. `commit()`
+    it has `max_messages`, no delivery arrived for `DELIVERY_PAUSE` seconds, or `GATHER_LIMIT`
+    seconds passed since the first (deliveries already prefetched are taken at once). `commit()`
     acknowledges the batch (`basic.ack` of its last delivery tag, `multiple=True`); the runner
     calls it only after the destination made the messages durable. `abort()` (or leaving the
     block) cancels the consumer and, once the broker confirmed the cancel (no delivery is on
@@ -53,6 +54,7 @@ from bridge.errors import HeadersFormatError, MessageRejected, TransportError, T
 from bridge.transports.rabbitmq.config import (
     CONFIRM_TIMEOUT,
     DELIVERY_PAUSE,
+    GATHER_LIMIT,
     describe,
     parameters,
     publish_route,
@@ -178,8 +180,11 @@ class RabbitMQSource:
         number = consumer.number
         if not await inbox.wait_for_more(number, 0, timeout):
             return Batch()
-        while inbox.count(number) < max_messages:
-            if not await inbox.wait_for_more(number, inbox.count(number), DELIVERY_PAUSE):
+        loop = asyncio.get_running_loop()
+        handover = loop.time() + GATHER_LIMIT
+        while (seen := inbox.count(number)) < max_messages:
+            pause = min(DELIVERY_PAUSE, handover - loop.time())
+            if pause <= 0 or not await inbox.wait_for_more(number, seen, pause):
                 break
         # From here to the return nothing awaits: a cancelled receive never holds deliveries.
         deliveries = inbox.take(number, max_messages)
