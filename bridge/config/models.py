@@ -69,8 +69,11 @@ class KafkaConnection(Strict):
     compression_type: Literal["gzip", "snappy", "lz4", "zstd"] | None = Field(
         None, description="Producer compression."
     )
-    linger_ms: int = Field(5, ge=0, description="Producer linger before sending a batch.")
-    max_batch_size: int = Field(1_048_576, gt=0, description="Producer batch size in bytes.")
+    max_batch_size: int = Field(
+        1_048_576,
+        gt=0,
+        description="Largest record batch in bytes; a send is split into batches of at most this.",
+    )
     max_request_size: int = Field(1_048_576, gt=0, description="Largest record accepted.")
     session_timeout_ms: int = Field(
         10_000,

@@ -18,14 +18,11 @@ def connection(**fields: Any) -> KafkaConnection:
 
 def test_producer_waits_for_all_replicas_and_follows_idempotence() -> None:
     kwargs = producer_kwargs(
-        connection(
-            idempotence=False, compression_type="gzip", linger_ms=7, max_request_size=2_000_000
-        )
+        connection(idempotence=False, compression_type="gzip", max_request_size=2_000_000)
     )
     assert kwargs["acks"] == "all"
     assert kwargs["enable_idempotence"] is False
     assert kwargs["compression_type"] == "gzip"
-    assert kwargs["linger_ms"] == 7
     assert kwargs["max_batch_size"] == 1_048_576
     assert kwargs["max_request_size"] == 2_000_000
     assert kwargs["bootstrap_servers"] == "b:9092"

@@ -85,7 +85,6 @@ def producer_kwargs(config: KafkaConnection) -> dict[str, Any]:
         "acks": "all",
         "enable_idempotence": config.idempotence,
         "compression_type": config.compression_type,
-        "linger_ms": config.linger_ms,
         "max_batch_size": config.max_batch_size,
         "max_request_size": config.max_request_size,
     }

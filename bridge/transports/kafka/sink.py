@@ -4,7 +4,7 @@ Guarantees
     `send` returns only when every record of the call is acknowledged with `acks=all`. The
     records of a call are laid into one closed record batch per partition (split at
     `max_batch_size`) and handed to the transport's one shared producer together, so they go out
-    at once (a call is a complete batch: waiting `linger_ms` for more would only add latency),
+    at once (a call is a complete batch: lingering for more would only add latency),
     then awaited together. Records with the same key go to the same partition (the producer's
     default partitioner) in the order of `envelopes` (the producer keeps one request in flight
     per broker). A failure is never swallowed: when several records fail, the one with the lowest
@@ -154,7 +154,7 @@ async def _record_batches(
             builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers)
             batches.append((index, partition, builder))
     for _, _, builder in batches:
-        builder.close()  # a closed batch is sent now; an open one would wait for linger_ms
+        builder.close()  # a closed batch is sent now; an open one would linger for more
     return batches
 
 
