@@ -1,7 +1,10 @@
 """Logging set-up: plain text for people, one JSON object per line for collectors.
 
 Route state changes and errors are logged; single messages never are at INFO. Every record
-passes the redactor first, so secrets never reach a log line.
+passes the redactor first, so secrets never reach a log line. Below DEBUG no line carries a
+traceback: the drivers' own records (aiokafka, pika) are cut to their first line, and pika's,
+which repeat each connection failure the route already logs with its cause and retry (a dozen
+ERROR lines and two stack dumps per reconnect attempt), are shown only from CRITICAL.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from datetime import UTC, datetime
 
 from bridge.telemetry.redact import install_log_filter
 
-__all__ = ["JsonFormatter", "setup_logging"]
+__all__ = ["JsonFormatter", "OneLine", "setup_logging"]
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -36,6 +39,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
+class OneLine(logging.Filter):
+    """Records of loggers outside `bridge` become one line: no traceback, no stack."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "bridge" or record.name.startswith("bridge."):
+            return True
+        message = record.getMessage()
+        record.msg, record.args = message.split("\n", 1)[0].rstrip(), None
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
@@ -47,6 +62,11 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("aiokafka", "kafka", "pika", "asyncio"):
+    for noisy in ("aiokafka", "kafka", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("pika").setLevel(
+        logging.DEBUG if root.level <= logging.DEBUG else logging.CRITICAL
+    )
+    if root.level > logging.DEBUG:
+        handler.addFilter(OneLine())
     install_log_filter(root)

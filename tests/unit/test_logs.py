@@ -55,3 +55,30 @@ def test_json_lines_with_secrets_redacted(capsys: pytest.CaptureFixture[str]) ->
 )
 def test_patterns(text: str, expected: str) -> None:
     assert Redactor()(text) == expected
+
+
+@pytest.mark.usefixtures("root_logger")
+def test_driver_records_are_one_line_without_tracebacks(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("INFO", "text")
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError:
+        # what pika logs when a broker goes away: ERROR, its own stack text, and exc_info
+        logging.getLogger("pika.adapters.utils.io_services_utils").exception(
+            "_produce() failed; Caller's stack:\n%s", "Traceback (most recent call last): ..."
+        )
+        logging.getLogger("aiokafka.conn").exception("Unable connect to %s\nmore", "node 1")
+        logging.getLogger("bridge.route").exception("route sales: unexpected")
+    err = capsys.readouterr().err
+    assert "pika" not in err  # the route logs the failure itself, with its retry
+    assert "ERROR aiokafka.conn: Unable connect to node 1\n" in err
+    assert "more" not in err
+    head, _, trace = err.partition("ERROR bridge.route: route sales: unexpected\n")
+    assert "Traceback" not in head and trace.startswith("Traceback")
+
+
+@pytest.mark.usefixtures("root_logger")
+def test_debug_keeps_every_driver_line(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("DEBUG", "text")
+    logging.getLogger("pika.connection").error("first\nsecond")
+    assert "ERROR pika.connection: first\nsecond" in capsys.readouterr().err
