@@ -58,22 +58,22 @@ def _command(config: Path, *args: str) -> None:
         raise SystemExit(code)
 
 
-async def _first_message(transport: Transport, queue: str) -> Envelope | None:
-    """Look at the head of a queue table without taking it (receive, then abort)."""
+async def _look(transport: Transport, queue: str, limit: int) -> list[Envelope]:
+    """The messages of a queue table, oldest first, without taking them (receive, then abort)."""
     source = transport.source(queue)
-    batch = await source.receive_batch(1, 1.0)
+    batch = await source.receive_batch(limit, 1.0)
     try:
-        return batch.messages[0] if batch.messages else None
+        return list(batch.messages)
     finally:
         await batch.abort()
         await source.close()
 
 
-async def _show(config: Path, queue: str) -> Envelope | None:
+async def _show(config: Path, queue: str, limit: int) -> list[Envelope]:
     loaded = load_config(config)
     transport = load("local", loaded.config.connections["local"])
     try:
-        return await _first_message(transport, queue)
+        return await _look(transport, queue, limit)
     finally:
         await transport.close()
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             "--body",
             '{"OrderId":"42","Total":9.99,"Note":"caf\u00e9 / r\u00e9sum\u00e9"}',
         )
-        before = asyncio.run(_show(config, "Sales"))
+        before = asyncio.run(_show(config, "Sales", args.count))
 
         _step("run: Sales -> Kafka topic sales -> SalesCopy, until idle for 2 s")
         started = time.perf_counter()
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         _step("peek: what is left, what arrived")
         _command(config, "peek", "local", "Sales")
         _command(config, "peek", "local", "SalesCopy")
-        after = asyncio.run(_show(config, "SalesCopy"))
+        after = asyncio.run(_show(config, "SalesCopy", 2 * args.count))
 
     _step("result")
     seconds = max(elapsed, 0.001)
@@ -146,12 +146,20 @@ def main(argv: list[str] | None = None) -> int:
         f"({args.count / seconds:,.0f} msg/s), counting process start and the consumer group "
         "join; bench/ measures the routes alone"
     )
-    _print_headers("first message in Sales (before)", before)
-    _print_headers("first message in SalesCopy (after the round trip)", after)
-    if before is not None and after is not None:
-        same = before.message_id == after.message_id and before.body == after.body
-        print(f"  same NServiceBus.MessageId and body on both sides: {same}")
-    return 0
+    first = before[0] if before else None
+    arrived = {e.message_id: e for e in after}
+    _print_headers("first message in Sales (before)", first)
+    _print_headers(
+        "the same message in SalesCopy (after the round trip)",
+        arrived.get(first.message_id) if first else None,
+    )
+    sent = {e.message_id: e.body for e in before}
+    same = sent == {e.message_id: e.body for e in after} and len(after) == len(before)
+    print(
+        f"  every MessageId sent arrived once with its body unchanged: {same} "
+        f"({len(before)} sent, {len(after)} arrived, {len(arrived)} distinct)"
+    )
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
