@@ -102,6 +102,31 @@ class RouteResult:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Bridges:
+    """`--processes` bridges on the same routes.yaml, as replicas of one Deployment would run:
+    competing consumers of one SQL table or RabbitMQ queue, members of one Kafka group."""
+
+    processes: list[BridgeProcess]
+
+    def start(self) -> None:
+        for process in self.processes:
+            process.start()
+
+    def cpu(self) -> float:
+        return sum(process.cpu() for process in self.processes)
+
+    def alive(self) -> bool:
+        return all(process.alive() for process in self.processes)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+    def tail(self) -> str:
+        return "\n".join(process.tail() for process in self.processes)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, kafka: str, workdir: Path) -> None:
         self.args = args
@@ -209,9 +234,13 @@ class Bench:
         await destination.create()
         await source.write(make_messages(n, self.args.size), 1000)
         progress = self.progress(source, destination)
-        bridge = BridgeProcess(self.config(source, destination), "bench", self.workdir)
+        config = self.config(source, destination)
+        homes = [self.workdir / f"{route}-{db}-{i}" for i in range(self.args.processes)]
+        for home in homes:
+            home.mkdir()
+        bridge = Bridges([BridgeProcess(config, "bench", home) for home in homes])
         bridge.start()
-        profiler = self.profiler(bridge, f"{route}-{db}")
+        profiler = self.profiler(bridge.processes[0], f"{route}-{db}")
         try:
             rate, cpu, busy = await asyncio.to_thread(self.watch, progress, n, bridge)
             result.machine_busy = busy
@@ -257,7 +286,7 @@ class Bench:
         raise AssertionError("every route has a SQL end")
 
     def watch(
-        self, progress: Callable[[], int], n: int, bridge: BridgeProcess
+        self, progress: Callable[[], int], n: int, bridge: Bridges
     ) -> tuple[float, float, float]:
         """(msgs/s from the first message through to the last, bridge CPU seconds meanwhile,
         share of the machine's CPUs busy meanwhile)."""
@@ -560,6 +589,9 @@ def main() -> int:
     parser.add_argument("--db", default=",".join(DATABASES), help="postgresql,sqlite")
     parser.add_argument("--batch-size", type=int, help="route batch_size (default: the product's)")
     parser.add_argument("--concurrency", type=int, help="route concurrency (default: product's)")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="bridge processes per route (as replicas)"
+    )
     parser.add_argument("--baseline-messages", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load, msg/s")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
@@ -591,7 +623,8 @@ def main() -> int:
     concurrency = args.concurrency or DEFAULT_CONCURRENCY
     print(
         f"{args.messages} messages of {args.size} B per route; batch_size {batch}, "
-        f"concurrency {concurrency}; latency at {args.rate:.0f} msg/s for "
+        f"concurrency {concurrency}, {args.processes} bridge process(es); "
+        f"latency at {args.rate:.0f} msg/s for "
         f"{args.latency_seconds:.0f} s; baseline {args.baseline_messages} messages",
         flush=True,
     )
