@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
-__all__ = ["format_timespan", "format_timestamp", "parse_timespan", "parse_timestamp"]
+__all__ = [
+    "format_timespan",
+    "format_timestamp",
+    "parse_timespan",
+    "parse_timestamp",
+    "timestamp_seconds",
+]
 
 _TIMESTAMP = "%Y-%m-%d %H:%M:%S:%f Z"
+_TIMESTAMP_FAST = re.compile(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d):(\d{6}) Z", re.ASCII)
 _TIMESPAN = re.compile(
     r"^(?P<sign>-)?(?:(?P<days>\d+)\.)?(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"
     r"(?:\.(?P<frac>\d{1,7}))?$",
@@ -27,6 +35,27 @@ def format_timestamp(moment: datetime) -> str:
 
 def parse_timestamp(text: str) -> datetime:
     return datetime.strptime(text, _TIMESTAMP).replace(tzinfo=UTC)
+
+
+@lru_cache(maxsize=8)
+def _midnight(year: int, month: int, day: int) -> float:
+    return datetime(year, month, day, tzinfo=UTC).timestamp()
+
+
+def timestamp_seconds(text: str) -> float:
+    """Epoch seconds of a wire timestamp; ValueError when it is not one.
+
+    The same as `parse_timestamp(text).timestamp()`, about five times faster for the form
+    endpoints write (it runs per message: TimeSent for latency and time to live); other
+    forms `strptime` accepts take the slow path.
+    """
+    match = _TIMESTAMP_FAST.fullmatch(text)
+    if match is None:
+        return parse_timestamp(text).timestamp()
+    year, month, day, hour, minute, second, micro = map(int, match.groups())
+    if hour > 23 or minute > 59 or second > 59:
+        return parse_timestamp(text).timestamp()
+    return _midnight(year, month, day) + hour * 3600 + minute * 60 + second + micro / 1e6
 
 
 def format_timespan(span: timedelta) -> str:

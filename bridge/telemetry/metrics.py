@@ -4,35 +4,42 @@
 prometheus_client registry that `/metrics` renders. Instruments (all with a `route` attribute):
 
 - `bridge_messages_forwarded_total`, `..._expired_total`, `..._failed_total` (to an error queue),
-  `..._retried_total` (batches that failed and went into backoff)
-- `bridge_batch_size` and `bridge_batch_duration_seconds` histograms (second-scale buckets)
+  `..._retried_total` (messages of a batch that was aborted and goes back to be retried)
+- `bridge_batches_retried_total` (failed attempts: each one put a loop into backoff)
+- `bridge_batch_size` and `bridge_batch_duration_seconds` histograms (buckets from 1 ms up to
+  an hour: a drained backlog is minutes old)
 - `bridge_end_to_end_latency_seconds` from `NServiceBus.TimeSent` to the destination's accept,
-  sampled: up to `LATENCY_SAMPLES_PER_BATCH` evenly spaced messages of each batch (its quantiles
-  and mean are those of all messages; count messages with `..._forwarded_total`)
-- `bridge_messages_in_flight` (received, not yet settled), `bridge_source_depth` (last peek)
+  sampled: one forwarded message in `LATENCY_SAMPLE_EVERY`, counted across batches, so a big
+  batch weighs as much as the same number of messages in small ones (its quantiles and mean
+  are those of all messages; count messages with `..._forwarded_total`)
+- `bridge_messages_in_flight` (received, not yet settled), `bridge_source_depth` (messages
+  waiting at the source, as last looked at: a Kafka source's is its consumer group's lag)
+
+Every counter of a route exists at 0 from the moment the route's metrics are made, so the first
+event is an increase Prometheus can see.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
-from functools import lru_cache
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
 from bridge.envelope import Envelope
-from bridge.wireformat import parse_timestamp
+from bridge.wireformat import timestamp_seconds
 
-__all__ = ["Metrics", "RouteMetrics", "sent_at"]
+__all__ = ["Metrics", "RouteMetrics"]
 
-#: At most this many messages of a batch, evenly spaced, go into the latency histogram.
-LATENCY_SAMPLES_PER_BATCH = 16
+#: One forwarded message in this many goes into the latency histogram.
+LATENCY_SAMPLE_EVERY = 8
 
-SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+SECONDS_BUCKETS = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600),
+)
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
@@ -52,7 +59,12 @@ class Metrics:
             "bridge_messages_failed", unit="1", description="Messages moved to an error queue"
         )
         self.retried = meter.create_counter(
-            "bridge_batches_retried", unit="1", description="Batches that failed and were retried"
+            "bridge_messages_retried",
+            unit="1",
+            description="Messages of a batch that was aborted; they stay at the source for a retry",
+        )
+        self.retried_batches = meter.create_counter(
+            "bridge_batches_retried", unit="1", description="Failed attempts that went into backoff"
         )
         self.batch_size = meter.create_histogram(
             "bridge_batch_size", unit="1", description="Messages per received batch"
@@ -73,7 +85,7 @@ class Metrics:
             "bridge_source_depth",
             callbacks=[self._observe_depths],
             unit="1",
-            description="Messages waiting at the route's source (last peek)",
+            description="Messages waiting at the route's source (a Kafka source: its group's lag)",
         )
 
     @classmethod
@@ -126,6 +138,16 @@ class RouteMetrics:
     def __init__(self, metrics: Metrics, route: str) -> None:
         self._m = metrics
         self._attrs = {"route": route}
+        self._next_sample = 0  # index, in the next batch, of the next message to sample
+        for counter in (
+            metrics.forwarded,
+            metrics.expired,
+            metrics.failed,
+            metrics.retried,
+            metrics.retried_batches,
+            metrics.in_flight,
+        ):
+            counter.add(0, self._attrs)
 
     def received(self, count: int) -> None:
         self._m.in_flight.add(count, self._attrs)
@@ -139,15 +161,17 @@ class RouteMetrics:
         attrs = self._attrs
         if envelopes:
             self._m.forwarded.add(len(envelopes), attrs)
-            now = time.time()
             # Every message would cost a histogram record (~4 µs, a tenth of a message's whole
-            # way through the bridge); evenly spaced samples give the same distribution.
-            stride = -(-len(envelopes) // LATENCY_SAMPLES_PER_BATCH)
-            for envelope in envelopes[::stride]:
+            # way through the bridge); every K-th message of the stream gives the same
+            # distribution, whatever the batch sizes.
+            start, every = self._next_sample, LATENCY_SAMPLE_EVERY
+            self._next_sample = (start - len(envelopes)) % every
+            now = time.time()
+            for envelope in envelopes[start::every]:
                 sent = envelope.headers.get("NServiceBus.TimeSent")
                 if sent:
                     try:
-                        moment = sent_at(sent)
+                        moment = timestamp_seconds(sent)
                     except ValueError:
                         continue
                     self._m.latency.record(max(0.0, now - moment), attrs)
@@ -156,28 +180,8 @@ class RouteMetrics:
         if failed:
             self._m.failed.add(failed, attrs)
 
-    def retried(self) -> None:
-        self._m.retried.add(1, self._attrs)
-
-
-_TIME_SENT = re.compile(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d):(\d{6}) Z", re.ASCII)
-
-
-@lru_cache(maxsize=8)
-def _midnight(year: int, month: int, day: int) -> float:
-    return datetime(year, month, day, tzinfo=UTC).timestamp()
-
-
-def sent_at(text: str) -> float:
-    """Epoch seconds of a `NServiceBus.TimeSent` value; ValueError when it is not one.
-
-    The same as `parse_timestamp(text).timestamp()`, about five times faster for the form
-    endpoints write (it runs for every forwarded message); other forms take the slow path.
-    """
-    match = _TIME_SENT.fullmatch(text)
-    if match is None:
-        return parse_timestamp(text).timestamp()
-    year, month, day, hour, minute, second, micro = map(int, match.groups())
-    if hour > 23 or minute > 59 or second > 59:
-        return parse_timestamp(text).timestamp()
-    return _midnight(year, month, day) + hour * 3600 + minute * 60 + second + micro / 1e6
+    def retried(self, messages: int) -> None:
+        """A failed attempt; `messages` were in hand and go back to the source."""
+        self._m.retried_batches.add(1, self._attrs)
+        if messages:
+            self._m.retried.add(messages, self._attrs)
