@@ -16,14 +16,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from bridge.config.lint import credential_warnings, lint
+from bridge.config.lint import credential_warnings, is_secret, lint
 from bridge.config.models import BridgeConfig
 from bridge.errors import ConfigError
 from bridge.transports import TRANSPORTS
 
 __all__ = ["LoadedConfig", "Positions", "load_config", "parse_config"]
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# Every `${...}` in a value; its body must be NAME or NAME:-default (no `}` in a default).
+_REFERENCE = re.compile(r"\$\{([^}]*)(\}?)")
+_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 
 PathKey = tuple[str | int, ...]
 
@@ -65,35 +67,89 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+#: Values built from one document, counting every alias use: far above any real routes.yaml,
+#: far below what "billion laughs" aliases of aliases would expand to.
+MAX_VALUES = 100_000
+#: Collections inside collections (aliases and merges included); routes.yaml needs about 5.
+MAX_DEPTH = 64
+_MERGE = "tag:yaml.org,2002:merge"
+
+
 class _Builder:
-    def __init__(self, positions: Positions, env: Mapping[str, str]) -> None:
+    def __init__(self, positions: Positions, env: Mapping[str, str], offline: bool) -> None:
         self.positions = positions
         self.env = env
+        self.offline = offline
+        self.notes: list[str] = []
         self.used: set[str] = set()
         self.raw: dict[PathKey, str] = {}  # string scalars as written, before ${VAR}
         self.constructor = yaml.SafeLoader("")
+        self.built = 0
+        self.open: set[int] = set()  # ids of the collections being built: an alias cycle
+
+    def _where(self, node: yaml.Node) -> str:
+        line, col = _mark(node)
+        return f"{self.positions.file}:{line}:{col}"
 
     def build(self, node: yaml.Node, path: PathKey) -> Any:
+        self.built += 1
+        if self.built > MAX_VALUES:
+            raise ConfigError(
+                f"alias expansion too large: more than {MAX_VALUES:,} values "
+                "(aliases repeating aliases)",
+                self.positions.at(path[:1], key=True),
+            )
         self.positions.values[path] = _mark(node)
-        if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            self.constructor.flatten_mapping(node)
-            for key_node, value_node in node.value:
-                key = self.constructor.construct_object(key_node)
-                if not isinstance(key, str):
-                    raise ConfigError(
-                        f"keys must be strings, got {key!r}",
-                        f"{self.positions.file}:{_mark(key_node)[0]}:{_mark(key_node)[1]}",
-                    )
-                if key in out:
-                    line, col = _mark(key_node)
-                    where = f"{self.positions.file}:{line}:{col}"
-                    raise ConfigError(f"duplicate key {key!r}", where)
-                self.positions.keys[(*path, key)] = _mark(key_node)
-                out[key] = self.build(value_node, (*path, key))
-            return out
-        if isinstance(node, yaml.SequenceNode):
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar(node, path)
+        if id(node) in self.open:
+            raise ConfigError(
+                "recursive alias: this value contains itself", self.positions.at(path, key=True)
+            )
+        if len(self.open) >= MAX_DEPTH:
+            raise ConfigError(f"nested too deep: more than {MAX_DEPTH} levels", self._where(node))
+        self.open.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self._mapping(node, path)
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        finally:
+            self.open.discard(id(node))
+
+    def _mapping(self, node: yaml.MappingNode, path: PathKey) -> dict[str, Any]:
+        # `<<` merges by hand (not PyYAML's flatten_mapping, which copies merged lists without
+        # limit): keys written here win over merged ones, earlier merged mappings over later.
+        merged: dict[str, Any] = {}
+        own = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE:
+                own.append((key_node, value_node))
+                continue
+            sources = (
+                value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            )
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    raise ConfigError(
+                        "`<<` merges a mapping or a list of mappings", self._where(source)
+                    )
+                for key, value in self.build(source, path).items():
+                    merged.setdefault(key, value)
+        self.positions.values[path] = _mark(node)
+        out: dict[str, Any] = {}
+        for key_node, value_node in own:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise ConfigError("keys must be strings, got a collection", self._where(key_node))
+            key = self.constructor.construct_object(key_node)
+            if not isinstance(key, str):
+                raise ConfigError(f"keys must be strings, got {key!r}", self._where(key_node))
+            if key in out:
+                raise ConfigError(f"duplicate key {key!r}", self._where(key_node))
+            self.positions.keys[(*path, key)] = _mark(key_node)
+            out[key] = self.build(value_node, (*path, key))
+        return {**merged, **out}
+
+    def _scalar(self, node: yaml.ScalarNode, path: PathKey) -> Any:
         value = self.constructor.construct_object(node)
         if isinstance(value, str):
             self.raw[path] = value
@@ -103,20 +159,57 @@ class _Builder:
 
     def _expand(self, text: str, path: PathKey) -> str:
         def replace(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
+            body, closed = match.groups()
+            where = self.positions.at(path)
+            if not closed:
+                raise ConfigError(
+                    "unterminated ${ (a variable is ${NAME} or ${NAME:-default})", where
+                )
+            reference = _BODY.fullmatch(body)
+            if reference is None:
+                # Show the name only, never what follows, and nothing of a credential field's:
+                # a literal there may be (part of) a password.
+                name = body.partition(":")[0]
+                if _BODY.fullmatch(name) is None:
+                    shown = "" if is_secret(path) else f" {name!r}"
+                    raise ConfigError(
+                        f"invalid variable name{shown}: names are letters, digits and _, "
+                        "not starting with a digit",
+                        where,
+                    )
+                raise ConfigError(
+                    f"invalid variable reference ${{{name}:...}}: use ${{{name}}} or "
+                    f"${{{name}:-default}}",
+                    where,
+                )
+            name, default = reference.groups()
+            if default is not None and "${" in default:
+                raise ConfigError(f"the default of ${{{name}:-...}} cannot hold a ${{...}}", where)
             self.used.add(name)
             value = self.env.get(name)
             if value is None or (value == "" and default is not None):
+                if default is None and self.offline and is_secret(path):
+                    return self._placeholder(name, path, whole=match.group() == text)
                 if default is None:
                     raise ConfigError(
                         f"environment variable {name} is not set (use ${{{name}:-default}} "
                         "for a default)",
-                        self.positions.at(path),
+                        where,
                     )
                 return default
             return value
 
-        return _VAR.sub(replace, text)
+        return _REFERENCE.sub(replace, text)
+
+    def _placeholder(self, name: str, path: PathKey, *, whole: bool) -> str:
+        """What stands for a missing credential when nothing is connected to (never a value)."""
+        placeholder = f"<unset-{name}>"
+        self.notes.append(
+            f"{self.positions.at(path)}: warning: environment variable {name} is not set; "
+            f"{placeholder} in its place, as this connects to nothing"
+        )
+        # The RabbitMQ transport parses its URL as it is built, even to print its plan.
+        return f"amqp://{placeholder}/" if whole and path[-1] == "url" else placeholder
 
 
 def _dotted(loc: tuple[int | str, ...]) -> str:
@@ -126,7 +219,9 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _validation_error(exc: ValidationError, positions: Positions) -> ConfigError:
+def _validation_error(
+    exc: ValidationError, positions: Positions, raw: Mapping[PathKey, str]
+) -> ConfigError:
     first = exc.errors()[0]
     loc = tuple(first["loc"])
     # Discriminated unions put the tag into loc ("connections", NAME, "postgresql", ...).
@@ -138,6 +233,13 @@ def _validation_error(exc: ValidationError, positions: Positions) -> ConfigError
     if kind == "extra_forbidden":
         message = f"unknown key {path[-1]!r}"
         where = positions.at(tuple(path), key=True)
+    elif kind == "string_too_short" and first.get("ctx", {}).get("min_length") == 1:
+        written = raw.get(tuple(path), "")
+        message = "must not be empty" + (
+            f" (the file has {written!r}: a variable or default was empty)"
+            if "${" in written
+            else ""
+        )
     elif kind == "missing":
         message = f"missing required key {path[-1]!r}"
         shown = _dotted(tuple(path[:-1]))
@@ -163,9 +265,31 @@ def _yaml_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
     return ConfigError(f"invalid YAML: {exc.problem or exc.context}", where)
 
 
+def _too_deep(text: str, file: str) -> str:
+    """`FILE:LINE:COL` of the first collection nested deeper than MAX_DEPTH."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            mark = event.start_mark
+            if depth > MAX_DEPTH and mark is not None:
+                return f"{file}:{mark.line + 1}:{mark.column + 1}"
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return f"{file}:1:1"
+
+
 def parse_config(
-    text: str, file: str = "routes.yaml", env: Mapping[str, str] | None = None
+    text: str,
+    file: str = "routes.yaml",
+    env: Mapping[str, str] | None = None,
+    *,
+    offline: bool = False,
 ) -> LoadedConfig:
+    """The config in `text`. `offline`: the caller connects to nothing (`install --print-sql`),
+    so a missing variable in a credential field (`lint.SECRET_KEYS`) becomes a placeholder and a
+    warning instead of an error; everything else still needs its variables.
+    """
     positions = Positions(file)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -180,9 +304,13 @@ def parse_config(
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", f"{file}:1:1") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(
+            f"nested too deep: more than {MAX_DEPTH} levels", _too_deep(text, file)
+        ) from None
     if root is None:
         raise ConfigError("the file is empty; it needs `connections` and `routes`", f"{file}:1:1")
-    builder = _Builder(positions, os.environ if env is None else env)
+    builder = _Builder(positions, os.environ if env is None else env, offline)
     try:
         data = builder.build(root, ())
     except yaml.MarkedYAMLError as exc:
@@ -192,18 +320,31 @@ def parse_config(
     try:
         config = BridgeConfig.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc, positions) from None
+        raise _validation_error(exc, positions, builder.raw) from None
     lint(config, positions)
-    warnings = credential_warnings(builder.raw, positions)
+    warnings = builder.notes + credential_warnings(builder.raw, positions)
     return LoadedConfig(config, positions, builder.used, warnings)
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedConfig:
+def load_config(
+    path: str | Path, env: Mapping[str, str] | None = None, *, offline: bool = False
+) -> LoadedConfig:
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError("config file not found (use -c FILE)", file) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config: {exc}", file) from None
-    return parse_config(text, file, env)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config: {exc.strerror or exc}", file) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = len(
+            data[data.rfind(b"\n", 0, exc.start) + 1 : exc.start].decode("utf-8", "replace")
+        )
+        raise ConfigError(
+            f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})",
+            f"{file}:{line}:{column + 1}",
+        ) from None
+    return parse_config(text, file, env, offline=offline)

@@ -44,28 +44,34 @@ class _Sql(Strict):
 
 class SqliteConnection(_Sql):
     type: Literal["sqlite"]
-    path: str = Field(description="SQLite database file; created when missing.")
+    path: str = Field(min_length=1, description="SQLite database file; created when missing.")
     busy_timeout: float = Field(30.0, gt=0, description="Seconds to wait on a locked database.")
 
 
 class PostgresConnection(_Sql):
     type: Literal["postgresql"]
     dsn: str = Field(description="libpq connection string or URL; keep secrets in ${VAR}.")
-    schema_: str = Field("public", alias="schema", description="Schema of the queue tables.")
+    schema_: str = Field(
+        "public", alias="schema", min_length=1, description="Schema of the queue tables."
+    )
 
 
 class SqlServerConnection(_Sql):
     type: Literal["sqlserver"]
-    dsn: str = Field(description="ODBC connection string; keep secrets in ${VAR}.")
-    schema_: str = Field("dbo", alias="schema", description="Schema of the queue tables.")
-    catalog: str | None = Field(None, description="Database; the DSN's default when omitted.")
+    dsn: str = Field(min_length=1, description="ODBC connection string; keep secrets in ${VAR}.")
+    schema_: str = Field(
+        "dbo", alias="schema", min_length=1, description="Schema of the queue tables."
+    )
+    catalog: str | None = Field(
+        None, min_length=1, description="Database; the DSN's default when omitted."
+    )
 
 
 class KafkaConnection(Strict):
     type: Literal["kafka"]
-    bootstrap_servers: str = Field(description="Comma-separated host:port list.")
+    bootstrap_servers: str = Field(min_length=1, description="Comma-separated host:port list.")
     idempotence: bool = Field(True, description="Idempotent producer (off for the local broker).")
-    client_id: str = Field("bridge", description="Client id reported to the brokers.")
+    client_id: str = Field("bridge", min_length=1, description="Client id reported to the brokers.")
     compression_type: Literal["gzip", "snappy", "lz4", "zstd"] | None = Field(
         None, description="Producer compression."
     )
@@ -93,7 +99,9 @@ class KafkaConnection(Strict):
 
 class RabbitMQConnection(Strict):
     type: Literal["rabbitmq"]
-    url: str = Field(description="AMQP URL (amqp:// or amqps://); keep secrets in ${VAR}.")
+    url: str = Field(
+        min_length=1, description="AMQP URL (amqp:// or amqps://); keep secrets in ${VAR}."
+    )
     topology: Literal["conventional", "direct"] = Field(
         "conventional", description="Exchange per queue (conventional) or default exchange."
     )

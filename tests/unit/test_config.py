@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -149,6 +151,12 @@ def test_no_credential_warning_when_secrets_come_from_the_environment() -> None:
         ('{type: postgresql, dsn: "host=db user=app password=pa55"}', "dsn"),
         ('{type: sqlserver, dsn: "Driver=FreeTDS;Server=db;UID=sa;PWD={p;w};"}', "dsn"),
         ('{type: sqlserver, dsn: "${ODBC:-Driver=FreeTDS;PWD=fallback}"}', "dsn"),
+        ('{type: postgresql, dsn: "${PG_DSN:-postgresql://bob:DefaultPw1@h/x}"}', "dsn"),
+        ('{type: rabbitmq, url: "${AMQP_URL:-amqp://app:pw@h/%2F}"}', "url"),
+        (
+            '{type: kafka, bootstrap_servers: "k:9092", sasl_password: "${PW:-pa55}"}',
+            "sasl_password",
+        ),
         ('{type: rabbitmq, url: "amqp://guest:guest@127.0.0.1/%2F"}', "url"),
         ('{type: kafka, bootstrap_servers: "k:9092", sasl_password: "pa55"}', "sasl_password"),
     ],
@@ -164,6 +172,310 @@ def test_credentials_written_in_the_file_are_warned_about(connection: str, key: 
     )
 
 
+@pytest.mark.parametrize(
+    "connection",
+    [
+        '{type: postgresql, dsn: "${PG_DSN:-postgresql://postgres@127.0.0.1/test}"}',
+        '{type: kafka, bootstrap_servers: "k:9092", sasl_password: "${PW:-}"}',
+        '{type: kafka, bootstrap_servers: "k:9092", sasl_password: "${PW}"}',
+    ],
+)
+def test_defaults_without_a_password_are_fine(connection: str) -> None:
+    text = f"connections:\n  db: {connection}\nroutes: []\n"
+    assert parse_config(text, env={"PW": "x"}).warnings == []
+
+
 def test_password_from_a_variable_inside_a_url_is_fine() -> None:
     text = 'connections:\n  db: {type: rabbitmq, url: "amqp://guest:${PW}@h/%2F"}\nroutes: []\n'
     assert parse_config(text, env={"PW": "x"}).warnings == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("connections: &c\n  a: *c\n", "routes.yaml:2:3: recursive alias"),
+        ("connections: {}\nroutes: &r\n  - *r\n", "routes.yaml:2:9: recursive alias"),
+        ("connections: &c\n  a: {<<: *c}\n", "routes.yaml:2:3: recursive alias"),
+    ],
+)
+def test_recursive_alias_is_a_located_error(text: str, expected: str) -> None:
+    assert error_of(text).startswith(expected)
+
+
+def test_aliases_of_aliases_stop_at_a_budget() -> None:
+    lines = ["l0: &l0 [a, b, c, d, e, f, g, h, i, j]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 10)]
+    assert error_of("\n".join(lines)).startswith(
+        "routes.yaml:5:1: alias expansion too large: more than 100,000 values"
+    )
+
+
+def test_merges_of_merges_stop_at_a_budget() -> None:
+    # PyYAML's own flatten_mapping copies the merged lists: 2**30 pairs before any check.
+    lines = ["connections: {}", "l0: &l0 {x: 1}"]
+    lines += [f"l{i}: &l{i} {{<<: [*l{i - 1}, *l{i - 1}]}}" for i in range(1, 30)]
+    assert "alias expansion too large" in error_of("\n".join(lines))
+
+
+def test_aliases_and_merges_share_settings() -> None:
+    text = textwrap.dedent(
+        """\
+        connections:
+          shop: &pg {type: postgresql, dsn: "postgresql://db/shop", schema: sales}
+          billing: {<<: *pg, schema: billing}
+        routes:
+          - &route
+            {name: a, from: {connection: shop, queue: A}, to: {connection: billing, queue: A}}
+          - {<<: *route, name: b, batch_size: 5}
+        """
+    )
+    config = parse_config(text, env={}).config
+    assert config.connections["billing"].schema_ == "billing"  # type: ignore[union-attr]
+    assert config.connections["billing"].dsn == "postgresql://db/shop"  # type: ignore[union-attr]
+    assert [(r.name, r.batch_size, r.to.queue) for r in config.routes] == [
+        ("a", 100, "A"),
+        ("b", 5, "A"),
+    ]
+    assert error_of("connections: {a: {<<: [1]}}\n").startswith(
+        "routes.yaml:1:24: `<<` merges a mapping or a list of mappings"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("${1BAD}", "invalid variable name '1BAD': names are letters, digits and _"),
+        ("x${}", "invalid variable name '': names are letters"),
+        ("${A:=x}", "invalid variable reference ${A:...}: use ${A} or ${A:-default}"),
+        ("${A", "unterminated ${ (a variable is ${NAME} or ${NAME:-default})"),
+        ("${A:-${B}}", "the default of ${A:-...} cannot hold a ${...}"),
+    ],
+)
+def test_malformed_variables_are_located_errors(value: str, expected: str) -> None:
+    text = f'connections:\n  k: {{type: kafka, bootstrap_servers: "{value}"}}\n'
+    assert error_of(text, env={"A": "a", "B": "b"}).startswith(f"routes.yaml:2:39: {expected}")
+
+
+@pytest.mark.parametrize(
+    ("connection", "expected"),
+    [
+        ('{type: sqlite, path: "${DB_PATH:-}"}', "path: must not be empty (the file has"),
+        ('{type: sqlite, path: "${DB_PATH}"}', "path: must not be empty (the file has"),
+        ('{type: postgresql, dsn: "", schema: "${SCHEMA:-}"}', "schema: must not be empty"),
+        ('{type: sqlserver, dsn: "${ODBC:-}"}', "dsn: must not be empty"),
+        ('{type: sqlserver, dsn: "x", catalog: ""}', "catalog: must not be empty"),
+        ('{type: kafka, bootstrap_servers: ""}', "bootstrap_servers: must not be empty"),
+        ('{type: rabbitmq, url: "${RABBIT_URL:-}"}', "url: must not be empty"),
+    ],
+)
+def test_empty_required_values_are_located_errors(connection: str, expected: str) -> None:
+    message = error_of(f"connections:\n  db: {connection}\n", env={"DB_PATH": ""})
+    assert message.startswith("routes.yaml:2:"), message
+    assert f"connections.db.{expected}" in message
+
+
+def test_a_file_that_is_not_utf8_points_at_its_first_bad_byte(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_bytes(b"connections:\n  caf\xe9: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}:2:6: the file is not UTF-8 text (byte 0xe9)"
+
+
+POSTGRES_ROUTE = textwrap.dedent(
+    """\
+    connections:
+      shop: {type: postgresql, dsn: ""}
+      lite: {type: sqlite, path: ./bridge.db}
+    routes:
+      - name: r
+        from: {connection: FROM_CONNECTION, queue: FROM_QUEUE}
+        to: {connection: shop, queue: TO_QUEUE}
+        error_queue: ERROR_QUEUE
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("field", "source", "expected"),
+    [
+        ("TO_QUEUE", "lite", "routes.yaml:7:35: to: PostgreSQL queue table name"),
+        ("FROM_QUEUE", "shop", "routes.yaml:6:37: from: PostgreSQL queue table name"),
+        ("ERROR_QUEUE", "shop", "routes.yaml:8:18: error_queue: PostgreSQL queue table name"),
+    ],
+)
+def test_postgresql_queue_names_over_55_bytes_are_refused_where_written(
+    field: str, source: str, expected: str
+) -> None:
+    names = {"FROM_QUEUE": "In", "TO_QUEUE": "Out", "ERROR_QUEUE": "Errors"}
+    text = POSTGRES_ROUTE.replace("FROM_CONNECTION", source)
+    fits = {**names, field: "é" * 27 + "x"}  # 55 bytes
+    parse_config(_fill(text, fits), env={})
+    message = error_of(_fill(text, {**names, field: "é" * 28}), env={})  # 56 bytes
+    assert message.startswith(expected), message
+    assert "is 56 bytes long; the NServiceBus PostgreSQL transport allows at most 55" in message
+
+
+def test_long_queue_names_are_fine_elsewhere() -> None:
+    text = POSTGRES_ROUTE.replace("FROM_CONNECTION", "lite")
+    names = {"FROM_QUEUE": "q" * 60, "TO_QUEUE": "Out", "ERROR_QUEUE": "e" * 60}
+    parse_config(_fill(text, names), env={})
+
+
+NAMED_ROUTE = textwrap.dedent(
+    """\
+    connections:
+      kafka:  {type: kafka, bootstrap_servers: "k:9092"}
+      rabbit: {type: rabbitmq, url: "amqp://h/%2F"}
+      legacy: {type: sqlserver, dsn: "${ODBC:-x}", schema: dbo, catalog: nsb}
+      lite:   {type: sqlite, path: ./b.db}
+    routes:
+      - name: r
+        from: {connection: FROM, FROM_KEY: FROM_NAME, GROUP}
+        to:   {connection: lite, queue: Out}
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("connection", "key", "name", "expected"),
+    [
+        ("kafka", "topic", "bad topic!", "Kafka topic name 'bad topic!' is not valid"),
+        ("kafka", "topic", "t" * 250, "Kafka topic name"),
+        ("kafka", "topic", "..", "Kafka topic name '..' is not valid"),
+        ("rabbit", "queue", "q" * 256, "is 256 bytes long; AMQP allows at most 255"),
+        ("rabbit", "queue", "amq.mine", "names starting 'amq.' are the broker's"),
+        ("legacy", "queue", "s" * 129, "is 129 characters long; identifiers hold at most 128"),
+    ],
+)
+def test_names_a_transport_refuses_are_config_errors_where_written(
+    connection: str, key: str, name: str, expected: str
+) -> None:
+    group = "group: g" if connection == "kafka" else ""
+    text = NAMED_ROUTE.replace("FROM_KEY", key).replace("GROUP", group)
+    text = text.replace("connection: FROM", f"connection: {connection}")
+    message = error_of(text.replace("FROM_NAME", f'"{name}"'), env={})
+    line = text.splitlines()[7]
+    assert message.startswith(f"routes.yaml:8:{line.index('FROM_NAME') + 1}: from: "), message
+    assert expected in message, message
+
+
+@pytest.mark.parametrize(
+    ("connection", "key", "name"),
+    [
+        ("kafka", "topic", "Sales.Orders_v2-eu"),
+        ("kafka", "topic", "t" * 249),
+        ("rabbit", "queue", "é" * 127),
+        ("legacy", "queue", "Sales.Delayed with spaces" + "s" * 100),
+    ],
+)
+def test_names_at_the_limits_are_fine(connection: str, key: str, name: str) -> None:
+    group = "group: g" if connection == "kafka" else ""
+    text = NAMED_ROUTE.replace("FROM_KEY", key).replace("GROUP", group)
+    text = text.replace("connection: FROM", f"connection: {connection}")
+    parse_config(text.replace("FROM_NAME", f'"{name}"'), env={})
+
+
+def test_a_kafka_error_topic_follows_the_topic_rule() -> None:
+    text = NAMED_ROUTE.replace("FROM_KEY", "topic").replace("GROUP", "group: g")
+    text = text.replace("connection: FROM", "connection: kafka").replace("FROM_NAME", "in")
+    text += '    error_queue: "bad topic"\n'
+    assert "error_queue: Kafka topic name 'bad topic' is not valid" in error_of(text, env={})
+
+
+def _fill(text: str, names: dict[str, str]) -> str:
+    for placeholder, name in names.items():
+        text = text.replace(placeholder, name)
+    return text
+
+
+def test_the_name_rules_need_no_database_driver() -> None:
+    """psycopg and pyodbc are optional: checking a config must not import them."""
+    program = textwrap.dedent(
+        f"""\
+        import sys
+        sys.modules["psycopg"] = sys.modules["pyodbc"] = None  # importing them now fails
+        from bridge.config.loader import parse_config
+        from bridge.errors import ConfigError
+        try:
+            parse_config({POSTGRES_ROUTE.replace("FROM_CONNECTION", "lite")!r}
+                         .replace("TO_QUEUE", "x" * 56), env={{}})
+        except ConfigError as exc:
+            print(exc)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    )
+    assert "PostgreSQL queue table name 'xxx" in result.stdout, result.stderr
+
+
+OFFLINE = textwrap.dedent(
+    """\
+    connections:
+      legacy: {type: sqlserver, dsn: "${LEGACY_ODBC}", schema: "${LEGACY_SCHEMA:-dbo}"}
+      shop: {type: postgresql, dsn: "postgresql://app:${SHOP_PW}@db/shop"}
+      rabbit: {type: rabbitmq, url: "${RABBIT_URL}"}
+      kafka: {type: kafka, bootstrap_servers: "k:9092", sasl_password: "${KAFKA_PW}"}
+    routes: []
+    """
+)
+
+
+def test_offline_missing_credentials_become_placeholders_with_a_warning() -> None:
+    loaded = parse_config(OFFLINE, env={"KAFKA_PW": "s3cret"}, offline=True)
+    connections = loaded.config.connections
+    assert connections["legacy"].dsn == "<unset-LEGACY_ODBC>"  # type: ignore[union-attr]
+    assert connections["shop"].dsn == "postgresql://app:<unset-SHOP_PW>@db/shop"  # type: ignore[union-attr]
+    assert connections["rabbit"].url == "amqp://<unset-RABBIT_URL>/"  # type: ignore[union-attr]
+    assert connections["kafka"].sasl_password == "s3cret"  # type: ignore[union-attr]
+    assert loaded.warnings == [
+        f"routes.yaml:{line}:{column}: warning: environment variable {name} is not set; "
+        f"<unset-{name}> in its place, as this connects to nothing"
+        for line, column, name in [
+            (2, 34, "LEGACY_ODBC"),
+            (3, 33, "SHOP_PW"),
+            (4, 33, "RABBIT_URL"),
+        ]
+    ]
+    assert error_of(OFFLINE, env={}).startswith(
+        "routes.yaml:2:34: environment variable LEGACY_ODBC is not set"
+    )
+
+
+def test_offline_still_needs_the_variables_of_names() -> None:
+    text = OFFLINE.replace("${LEGACY_SCHEMA:-dbo}", "${LEGACY_SCHEMA}")
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={}, offline=True)
+    assert str(info.value).startswith(
+        "routes.yaml:2:60: environment variable LEGACY_SCHEMA is not set"
+    )
+
+
+def test_nesting_too_deep_is_a_located_error() -> None:
+    # PyYAML composes recursively: 3,000 levels were a RecursionError.
+    assert error_of("connections: " + "[" * 3000 + "]" * 3000) == (
+        "routes.yaml:1:77: nested too deep: more than 64 levels"
+    )
+    for chain in ("[*l{}]", "{{<<: *l{}}}"):
+        lines = ["connections: {}", "l0: &l0 {x: 1}"]
+        lines += [f"l{i}: &l{i} " + chain.format(i - 1) for i in range(1, 1500)]
+        assert error_of("\n".join(lines)) == "routes.yaml:2:5: nested too deep: more than 64 levels"
+
+
+@pytest.mark.parametrize("name", ["  ", "a\x00b"])
+def test_invalid_error_queue_names(name: str) -> None:
+    text = POSTGRES_ROUTE.replace("FROM_CONNECTION", "lite")
+    text = _fill(text, {"FROM_QUEUE": "In", "TO_QUEUE": "Out", "ERROR_QUEUE": f'"{name}"'})
+    assert error_of(text.replace("\x00", "\\0"), env={}).startswith(
+        "routes.yaml:8:18: error_queue: invalid name"
+    )
+
+
+def test_a_malformed_variable_in_a_credential_field_shows_nothing_of_it() -> None:
+    text = 'connections:\n  db: {type: sqlserver, dsn: "Server=db;PWD=pa${s w0rd"}\n'
+    message = error_of(text, env={})
+    assert message.startswith("routes.yaml:2:30: unterminated ${")
+    message = error_of(text.replace('w0rd"', 'w0rd}"'), env={})
+    assert message.startswith("routes.yaml:2:30: invalid variable name: names are letters")
+    assert "w0rd" not in message

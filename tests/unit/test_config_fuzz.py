@@ -62,3 +62,19 @@ def test_a_key_replaced_by_anything(key: str, value: object) -> None:
     else:
         data["routes"][0][key] = value
     load_or_located_error(yaml.safe_dump(data))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 12), st.booleans())
+def test_aliases_of_aliases(width: int, depth: int, merge: bool) -> None:
+    """Any fan-out of aliases (lists or `<<` merges) loads or stops at the budget, quickly."""
+    lines = ["connections: {}", "l0: &l0 {x: 1}"]
+    for i in range(1, depth + 1):
+        refs = ", ".join([f"*l{i - 1}"] * width)
+        lines.append(f"l{i}: &l{i} " + (f"{{<<: [{refs}]}}" if merge else f"[{refs}]"))
+    load_or_located_error("\n".join(lines))
+
+
+@given(st.sampled_from(["&a [*a]", "&a {k: *a}", "&a {<<: *a}", "&a [{k: [*a]}]"]))
+def test_recursive_aliases(value: str) -> None:
+    load_or_located_error(f"connections: {{}}\nx: {value}\n")
