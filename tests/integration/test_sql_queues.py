@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import time
 import uuid
@@ -21,11 +22,19 @@ import psycopg
 import pytest
 
 from bridge.config.models import PostgresConnection, SqliteConnection
+from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers
-from bridge.errors import ConfigError, SettleError, TransportError, TransportUnavailable
+from bridge.errors import (
+    ConfigError,
+    MessageRejected,
+    SettleError,
+    TransportError,
+    TransportUnavailable,
+)
+from bridge.protocols import FencedCheckpoint
 from bridge.transports import load
-from bridge.transports.sql.queue import SqlTransport
-from bridge.wireformat import format_timestamp
+from bridge.transports.sql.queue import CheckpointConflict, PositionMoved, SqlTransport
+from bridge.wireformat import format_timestamp, parse_timespan, timestamp_seconds
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration
@@ -59,17 +68,50 @@ class Db:
     def _sql(self, statement: str) -> str:
         return statement if self.kind == "sqlite" else statement.replace("?", "%s")
 
-    def insert(self, name: str, headers: str, body: bytes = b"") -> None:
+    def insert(self, name: str, headers: str | bytes, body: bytes = b"") -> None:
+        """A row as a foreign writer leaves it; bytes headers go in as TEXT holding those bytes
+        (SQLite only: PostgreSQL TEXT cannot hold anything but valid UTF-8)."""
+        column = "CAST(? AS TEXT)" if isinstance(headers, bytes) else "?"
         with self._cursor() as cursor:
             cursor.execute(
-                self._sql(f"INSERT INTO {self.table(name)} (id, headers, body) VALUES (?, ?, ?)"),
+                self._sql(
+                    f"INSERT INTO {self.table(name)} (id, headers, body) VALUES (?, {column}, ?)"
+                ),
                 (str(uuid.uuid4()), headers, body),
             )
 
-    def rows(self, name: str) -> list[tuple[str, str, bytes]]:
+    def canonical(self, name: str) -> str:
+        """The address NServiceBus writes in headers (wire-format §6), spelled out."""
+        quoted = '"' + name.replace('"', '""') + '"'
+        return f'"main".{quoted}' if self.kind == "sqlite" else f'"{self.schema}".{quoted}'
+
+    def delete(self, name: str) -> None:
         with self._cursor() as cursor:
-            cursor.execute(f"SELECT id, headers, body FROM {self.table(name)} ORDER BY seq")
-            return [(str(i), h, bytes(b)) for i, h, b in cursor.fetchall()]
+            cursor.execute(f"DELETE FROM {self.table(name)}")
+
+    def rows(self, name: str) -> list[tuple[str, str | bytes, bytes]]:
+        """Headers as text where they are valid UTF-8, else as the bytes the TEXT column holds."""
+        if self.kind == "postgresql":
+            statement = f"SELECT id, headers, body FROM {self.table(name)} ORDER BY seq"
+        else:  # sqlite3 cannot read TEXT that is not UTF-8; every value must still be TEXT
+            statement = (
+                "SELECT id, CAST(headers AS BLOB), body, typeof(headers) = 'text' "
+                f"FROM {self.table(name)} ORDER BY seq"
+            )
+        with self._cursor() as cursor:
+            cursor.execute(statement)
+            found = cursor.fetchall()
+        assert all(row[3] for row in found if self.kind == "sqlite"), "Headers not stored as TEXT"
+        return [(str(row[0]), text_if_utf8(row[1]), bytes(row[2])) for row in found]
+
+
+def text_if_utf8(raw: str | bytes) -> str | bytes:
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
 
 
 def sqlite_config(path: str, busy_timeout: float = 30.0) -> SqliteConnection:
@@ -323,13 +365,43 @@ async def test_remaining_time_to_live_is_carried(db: Db) -> None:
     assert second.expires_at is None
 
 
-POISON = ['{"a":1}', "[1]", "not json", '{"a":"b"', '{"nested":{"x":"y"}}']
+async def test_a_lifetime_past_the_year_9999_never_expires(db: Db) -> None:
+    name = await queue(db)
+    now = time.time()
+    lifetimes = ["999999999.00:00:00", "10675199.02:48:05.4775807", "2900000.00:00:00"]
+    envelopes = []
+    for i, ttbr in enumerate(lifetimes):
+        envelope = message(i)
+        envelope.headers.add("NServiceBus.TimeToBeReceived", ttbr)
+        envelope.expires_at = now + parse_timespan(ttbr).total_seconds()
+        envelopes.append(envelope)
+    await send(db, name, envelopes)  # PostgreSQL refused the first (interval out of range)
+    got = await drain(db, name)
+    assert ids(got) == ["id-0", "id-1", "id-2"]
+    assert [e.expires_at is None for e in got] == [True, True, False]  # 2900000 d: year 9966
+
+
+POISON: list[str | bytes] = [
+    '{"a":1}',
+    "[1]",
+    "not json",
+    '{"a":"b"',
+    '{"nested":{"x":"y"}}',
+    '{"NServiceBus.MessageId":"s","k":"\\ud800"}',  # ASCII JSON for text UTF-8 cannot hold
+]
+#: TEXT that is not UTF-8, which only SQLite can hold: sqlite3 cannot even read it as text.
+NOT_UTF8 = b'\xff{"NServiceBus.MessageId":"x"}'
+
+
+def poison_rows(db: Db) -> list[str | bytes]:
+    return [*POISON, NOT_UTF8] if db.kind == "sqlite" else POISON
 
 
 async def test_poison_rows_surface_with_raw_headers_and_do_not_block(db: Db) -> None:
     name = await queue(db)
     db.insert(name, '{"NServiceBus.MessageId":"before"}', b"b0")
-    for i, raw in enumerate(POISON):
+    poison = poison_rows(db)
+    for i, raw in enumerate(poison):
         db.insert(name, raw, f"p{i}".encode())
     db.insert(name, '{"NServiceBus.MessageId":"after"}', b"b1")
     db.insert(name, "", b"no headers")
@@ -339,7 +411,7 @@ async def test_poison_rows_surface_with_raw_headers_and_do_not_block(db: Db) -> 
         assert ids(list(batch.messages)) == ["before", "after", None]
         assert [m.body for m in batch.messages] == [b"b0", b"b1", b"no headers"]
         assert [(p.raw_headers, p.body) for p in batch.poison] == [
-            (raw, f"p{i}".encode()) for i, raw in enumerate(POISON)
+            (raw, f"p{i}".encode()) for i, raw in enumerate(poison)
         ]
         assert all(p.native_id and p.reason for p in batch.poison)
         await batch.commit()
@@ -351,13 +423,21 @@ async def test_poison_rows_surface_with_raw_headers_and_do_not_block(db: Db) -> 
 async def test_poison_moves_to_the_error_queue_in_the_same_transaction(db: Db) -> None:
     name, errors = unique("Sales"), unique("bridge.error")
     await db.transport.install([name, errors])
-    db.insert(name, "not json", b"\x00raw")
+    poison: list[tuple[str | bytes, bytes]] = [
+        ("not json", b"\x00raw"),
+        ("[1]", b""),
+        ('{"NServiceBus.MessageId":"s","k":"\\ud800"}', b"s"),
+    ]
+    if db.kind == "sqlite":
+        poison.insert(1, (NOT_UTF8, b"\xfe"))
+    db.insert(name, *poison[0])
     db.insert(name, '{"NServiceBus.MessageId":"ok"}', b"fine")
-    db.insert(name, "[1]", b"")
+    for row in poison[1:]:
+        db.insert(name, *row)
     source = db.transport.source(name, error_queue=errors)
     try:
         aborted = await source.receive_batch(10, 5.0)
-        assert len(aborted.poison) == 2
+        assert len(aborted.poison) == len(poison)
         await aborted.abort()
         assert db.rows(errors) == []  # nothing moves unless the batch commits
         batch = await source.receive_batch(10, 5.0)
@@ -367,9 +447,96 @@ async def test_poison_moves_to_the_error_queue_in_the_same_transaction(db: Db) -
     finally:
         await source.close()
     moved = db.rows(errors)
-    assert [(h, b) for _, h, b in moved] == [("not json", b"\x00raw"), ("[1]", b"")]
     assert not native_ids & {i for i, _, _ in moved}  # fresh ids
+    copies = [json.loads(h) for _, h, _ in moved]
+    # Bodies byte for byte; the raw Headers as text (bytes that are not UTF-8 replaced).
+    assert [(c[RAW_HEADERS], b) for c, (_, _, b) in zip(copies, moved, strict=True)] == [
+        (text_if_utf8(h) if isinstance(h, str) else h.decode("utf-8", "replace"), b)
+        for h, b in poison
+    ]
+    for copy in copies:
+        assert copy["NServiceBus.MessageId"] in native_ids  # as NServiceBus names it
+        assert copy["NServiceBus.FailedQ"] == db.canonical(name)
+        assert copy["NServiceBus.ExceptionInfo.ExceptionType"] == "HeadersFormatError"
+        assert copy["NServiceBus.ExceptionInfo.Message"].startswith(("headers ", "header "))
+        assert copy["NServiceBus.ExceptionInfo.StackTrace"]
+        assert timestamp_seconds(copy["NServiceBus.TimeOfFailure"]) <= time.time()
+        assert copy["NServiceBus.ProcessingEndpoint"] == "bridge"
     assert db.rows(name) == []
+
+
+def servicepulse_retry(copy: dict[str, str]) -> str:
+    """The headers ServiceControl's retry sends back to FailedQ: the error copy's, without
+    the failure headers (its `HeaderFilter`), with its own retry headers."""
+    stripped = ("NServiceBus.Retries", "NServiceBus.FailedQ", "NServiceBus.TimeOfFailure")
+    headers = {
+        k: v for k, v in copy.items() if not k.startswith(("NServiceBus.ExceptionInfo.", *stripped))
+    }
+    headers["ServiceControl.Retry.UniqueMessageId"] = "retry-1"
+    return json.dumps(headers)
+
+
+async def test_a_retried_poison_copy_is_poison_again_with_the_same_raw_headers(db: Db) -> None:
+    name, errors = unique("Sales"), unique("bridge.error")
+    await db.transport.install([name, errors])
+    db.insert(name, '{"NServiceBus.MessageId": 1}', b"body")
+    source = db.transport.source(name, error_queue=errors)
+    try:
+        for _ in range(2):  # the poison row, then its error copy sent back by a retry
+            batch = await source.receive_batch(10, 5.0)
+            assert not batch.messages and len(batch.poison) == 1
+            await batch.commit()
+            ((_, copy_text, body),) = db.rows(errors)
+            copy = json.loads(copy_text)
+            assert (copy[RAW_HEADERS], body) == ('{"NServiceBus.MessageId": 1}', b"body")
+            assert copy["NServiceBus.FailedQ"] == db.canonical(name)
+            db.delete(errors)
+            db.insert(name, servicepulse_retry(copy), body)
+    finally:
+        await source.close()
+    assert copy["ServiceControl.Retry.UniqueMessageId"] == "retry-1"  # the retry failed
+    assert copy["NServiceBus.ExceptionInfo.ExceptionType"] == "HeadersFormatError"
+    assert RAW_HEADERS in copy["NServiceBus.ExceptionInfo.Message"]
+
+
+async def test_a_message_no_row_can_hold_is_rejected_alone_and_nothing_is_written(
+    db: Db,
+) -> None:
+    name = await queue(db)
+    bad = Envelope(Headers([("NServiceBus.MessageId", "s"), ("k", "\ud800")]), b"")
+    sink = db.transport.sink(name)
+    try:
+        with pytest.raises(MessageRejected, match="UTF-8") as raised:
+            await sink.send([message(0), bad, message(2)])
+        assert raised.value.index == 1
+        assert db.rows(name) == []
+        await sink.send([message(0), message(2)])
+    finally:
+        await sink.close()
+    assert ids(await drain(db, name)) == ["id-0", "id-2"]
+
+
+async def test_a_rejected_send_in_the_source_transaction_keeps_the_batch(db: Db) -> None:
+    """The sink of a same-database route writes in the source's transaction: a message it
+    refuses must not roll back the rows the source took (the runner sends the rest)."""
+    name, copy = await queue(db), await queue(db, "Copy")
+    await send(db, name, [message(0), message(1)])
+    source = db.transport.source(name)
+    sink = source.sink_in_transaction(copy)
+    bad = Envelope(Headers([("NServiceBus.MessageId", "s"), ("k", "\udfff")]), b"")
+    try:
+        batch = await source.receive_batch(10, 5.0)
+        with pytest.raises(MessageRejected):
+            await sink.send([*batch.messages, bad])
+        await sink.send(list(batch.messages))
+        await batch.commit()
+    finally:
+        await source.close()
+    assert db.rows(name) == []
+    assert [h for _, h, _ in db.rows(copy)] == [
+        '{"NServiceBus.MessageId":"id-0"}',
+        '{"NServiceBus.MessageId":"id-1"}',
+    ]
 
 
 async def test_peek_reports_depth_oldest_age_and_expired(db: Db) -> None:
@@ -384,6 +551,19 @@ async def test_peek_reports_depth_oldest_age_and_expired(db: Db) -> None:
     stats = await db.transport.peek(name)
     assert stats.depth == 3 and stats.expired == 1
     assert stats.oldest_age_seconds is not None and 119 < stats.oldest_age_seconds < 135
+
+
+async def test_peek_reads_past_headers_that_are_not_utf8(sqlite_path: str) -> None:
+    transport = cast(SqlTransport, load("local", sqlite_config(sqlite_path)))
+    db = Db("sqlite", transport, sqlite_path=sqlite_path)
+    try:
+        name = await queue(db)
+        db.insert(name, NOT_UTF8)
+        await send(db, name, [message(1)])
+        stats = await transport.peek(name)
+        assert (stats.depth, stats.oldest_age_seconds, stats.expired) == (2, None, 0)
+    finally:
+        await transport.close()
 
 
 async def test_checkpoint_is_stored_with_the_rows_and_loaded_back(db: Db) -> None:
@@ -406,6 +586,48 @@ async def test_checkpoint_is_stored_with_the_rows_and_loaded_back(db: Db) -> Non
         assert await reader.load_checkpoint("") == {"orders/0": 11, "orders/1": 6, "other/0": 99}
     finally:
         await reader.close()
+
+
+async def test_of_two_fenced_writers_of_one_checkpoint_only_one_commits(db: Db) -> None:
+    name = await queue(db)
+    first, second = db.transport.sink(name), db.transport.sink(name)
+    try:
+        first.fence_checkpoint({})
+        second.fence_checkpoint({"orders/0": None})
+        await first.send([message(1)], {"orders/0": 10})
+        with pytest.raises(CheckpointConflict, match="another writer stored it first"):
+            await second.send([message(2)], {"orders/0": 10})
+        await first.send([message(3)], {"orders/0": 20, "orders/1": 5})
+        second.fence_checkpoint({"orders/0": 10})  # what it read before `first` moved on
+        with pytest.raises(CheckpointConflict):
+            await second.send([message(4)], {"orders/0": 30})
+        await first.send([], {"orders/1": 6})
+        assert await first.load_checkpoint("orders/") == {"orders/0": 20, "orders/1": 6}
+    finally:
+        await first.close()
+        await second.close()
+    assert ids(await drain(db, name)) == ["id-1", "id-3"]
+
+
+async def test_a_fenced_checkpoint_is_stored_over_the_position_its_batch_started_from(
+    db: Db,
+) -> None:
+    name = await queue(db)
+    sink = db.transport.sink(name)
+    try:
+        await sink.send([message(1)], FencedCheckpoint({"g/t/0": 10}, {"g/t/0": None}))
+        with pytest.raises(PositionMoved, match="another writer stored it first") as moved:
+            await sink.send(  # a stale batch: one more row, then a position over 0
+                [message(2)], FencedCheckpoint({"g/t/0": 10, "g/t/1": 4}, {"g/t/0": None})
+            )
+        assert moved.value.retriable
+        with pytest.raises(PositionMoved):
+            await sink.send([message(3)], FencedCheckpoint({"g/t/0": 15}, {"g/t/0": 5}))
+        await sink.send([message(4)], FencedCheckpoint({"g/t/0": 15, "g/t/1": 3}, {"g/t/0": 10}))
+        assert await sink.load_checkpoint("g/") == {"g/t/0": 15, "g/t/1": 3}
+    finally:
+        await sink.close()
+    assert ids(await drain(db, name)) == ["id-1", "id-4"]
 
 
 async def test_table_names_with_dots_spaces_and_quotes(db: Db) -> None:

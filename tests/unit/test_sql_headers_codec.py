@@ -39,6 +39,13 @@ class TestEncode:
         h = Headers([("k", "1"), ("x", "x"), ("k", "2")])
         assert encode(h) == '{"k":"2","x":"x"}'
 
+    @pytest.mark.parametrize("item", [("k", "a\ud800"), ("\udcff", "v"), ("k", "é\udfff")])
+    def test_a_lone_surrogate_is_a_headers_error_not_a_driver_failure(
+        self, item: tuple[str, str]
+    ) -> None:
+        with pytest.raises(HeadersFormatError, match="UTF-8"):
+            encode(Headers([("NServiceBus.MessageId", "s"), item]))
+
 
 class TestDecode:
     @pytest.mark.parametrize("column", [None, "", b"", "   ", "{}", b"{}"])
@@ -121,6 +128,26 @@ class TestPoison:
     def test_invalid_json(self, column: str) -> None:
         with pytest.raises(HeadersFormatError):
             decode(column)
+
+    @pytest.mark.parametrize(
+        "column",
+        [
+            '{"NServiceBus.MessageId":"s","k":"\\ud800"}',
+            '{"NServiceBus.MessageId":"s","k":"x\\uDFFF"}',
+            '{"\\udc80":"v"}',
+            '{"k":"\\ude00\\ud83d"}',  # a pair in the wrong order is two lone halves
+            b'{"k":"\\ud800"}',
+        ],
+    )
+    def test_a_lone_surrogate_escape_is_poison(self, column: str | bytes) -> None:
+        """Valid JSON, but no UTF-8 column, Kafka header or AMQP string can carry the text."""
+        with pytest.raises(HeadersFormatError, match="lone surrogate"):
+            decode(column)
+
+    def test_an_escaped_surrogate_pair_is_one_character(self) -> None:
+        assert decode('{"k":"\\ud83d\\ude00","\\\\ud800":"x"}') == Headers(
+            [("k", "\U0001f600"), ("\\ud800", "x")]
+        )
 
     @pytest.mark.parametrize("column", [b'{"k":"\xff"}', b"\xc3\x28", b'{"k":"\xed\xa0\x80"}'])
     def test_invalid_utf8_bytes(self, column: bytes) -> None:

@@ -7,6 +7,7 @@ whose parts hold `]`, dots and spaces.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,11 +18,12 @@ import sqlglot
 from sqlglot import exp
 
 from bridge.config.models import SqlServerConnection
+from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers, PoisonMessage
-from bridge.errors import TransportError, TransportUnavailable
+from bridge.errors import MessageRejected, TransportError, TransportUnavailable
 from bridge.transports.sql import tsql
 from bridge.transports.sql.dialect import DbConnection
-from bridge.transports.sql.layout import incoming, outgoing, poison_copy, received_rows
+from bridge.transports.sql.layout import incoming, outgoing, received_rows
 from bridge.transports.sql.sqlserver import SqlServerDialect, Transport
 
 CATALOG, SCHEMA, TABLE = "my]db", "d.b o", "Sales.De layed]"
@@ -49,7 +51,7 @@ OUTPUT deleted.Id,
        CASE WHEN deleted.Expires IS NULL THEN 0
             ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
        deleted.Headers, deleted.Body,
-       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);""",
+       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;""",
     "depth": "SELECT isnull(cast(max([RowVersion]) - min([RowVersion]) + 1 AS int), 0) "
     f"FROM {T} WITH (READPAST, READCOMMITTEDLOCK)",
     "oldest": f"SELECT TOP(1) Headers FROM {T} WITH (READPAST) ORDER BY RowVersion",
@@ -62,17 +64,22 @@ ON target.Name = source.Name
 WHEN MATCHED THEN UPDATE SET Position = source.Position
 WHEN NOT MATCHED THEN INSERT (Name, Position) VALUES (source.Name, source.Position);""",
     "checkpoint_load": f"SELECT Name, Position FROM {T}",
+    "checkpoint_insert_new": f"""MERGE {T} WITH (HOLDLOCK) AS target
+USING (SELECT ? AS Name, ? AS Position) AS source
+ON target.Name = source.Name
+WHEN NOT MATCHED THEN INSERT (Name, Position) VALUES (source.Name, source.Position);""",
+    "checkpoint_advance": f"UPDATE {T} SET Position = ? WHERE Name = ? AND Position = ?;",
 }
 
 GOLDEN_CHECKS = {
     "index_expires_count": f"""SELECT COUNT(*)
 FROM {C}.sys.indexes
 WHERE name = 'Index_Expires'
-AND object_id = OBJECT_ID('{T}')""",
+AND object_id = OBJECT_ID(N'{T}')""",
     "headers_type": f"""SELECT t.name
 FROM {C}.sys.columns c
 INNER JOIN {C}.sys.types t ON c.system_type_id = t.system_type_id
-WHERE c.object_id = OBJECT_ID('{T}')
+WHERE c.object_id = OBJECT_ID(N'{T}')
 AND c.name = 'Headers'""",
 }
 
@@ -207,6 +214,8 @@ def test_dialect_hands_out_the_golden_statements(dialect: SqlServerDialect) -> N
     assert checkpoints.create == (fill(GUARD_OPEN + CREATE_CHECKPOINTS + GUARD_CLOSE, table=cp),)
     assert checkpoints.upsert == GOLDEN_DML["checkpoint_upsert"].replace(T, cp)
     assert checkpoints.load == f"SELECT Name, Position FROM {cp}"
+    assert checkpoints.insert_new == GOLDEN_DML["checkpoint_insert_new"].replace(T, cp)
+    assert checkpoints.advance == GOLDEN_DML["checkpoint_advance"].replace(T, cp)
 
 
 def test_create_script_is_the_seed_script_with_real_names() -> None:
@@ -221,19 +230,97 @@ def test_quotes_in_names_are_doubled_inside_string_literals() -> None:
     assert "OBJECT_ID(N'[dbo].[it''s]')" in script
     assert "@Resource = '[dbo].[it''s]_lock'" in script
     assert "CREATE TABLE [dbo].[it's] (" in script
-    assert "OBJECT_ID('[dbo].[it''s]')" in tsql.index_expires_count("[dbo].[it's]", None)
+    assert "OBJECT_ID(N'[dbo].[it''s]')" in tsql.index_expires_count("[dbo].[it's]", None)
+    assert "OBJECT_ID(N'[dbo].[it''s]')" in tsql.headers_type("[dbo].[it's]", None)
 
 
-async def test_print_only_install_is_the_exact_ddl_without_a_driver() -> None:
+def test_install_runs_the_exact_ddl() -> None:
     transport = Transport("legacy", config())
-    try:
-        statements = await transport.install([TABLE, TABLE], print_only=True)
-    finally:
-        await transport.close()
-    assert statements == [
+    assert transport.install_statements([TABLE, TABLE]) == [
         fill(SEED_CREATE_QUEUE),
         fill(GUARD_OPEN + CREATE_CHECKPOINTS + GUARD_CLOSE, "[my]]db].[d.b o].[BridgeCheckpoints]"),
     ]
+
+
+#: `bridge install --print-sql` for `BridgeCheckpoints` in [dbo] without a catalog, in full.
+PRINTED_CHECKPOINTS = """SET XACT_ABORT ON;
+BEGIN TRANSACTION;
+EXEC sp_executesql N'IF EXISTS (
+SELECT *
+FROM sys.objects
+WHERE object_id = OBJECT_ID(N''[dbo].[BridgeCheckpoints]'')
+AND type in (N''U''))
+RETURN
+EXEC sp_getapplock @Resource = ''[dbo].[BridgeCheckpoints]_lock'', @LockMode = ''Exclusive''
+IF EXISTS (
+SELECT *
+FROM sys.objects
+WHERE object_id = OBJECT_ID(N''[dbo].[BridgeCheckpoints]'')
+AND type in (N''U''))
+BEGIN
+EXEC sp_releaseapplock @Resource = ''[dbo].[BridgeCheckpoints]_lock''
+RETURN
+END
+BEGIN TRY
+CREATE TABLE [dbo].[BridgeCheckpoints] (
+Name nvarchar(450) NOT NULL PRIMARY KEY,
+Position bigint NOT NULL
+);
+END TRY
+BEGIN CATCH
+EXEC sp_releaseapplock @Resource = ''[dbo].[BridgeCheckpoints]_lock'';
+THROW;
+END CATCH;
+EXEC sp_releaseapplock @Resource = ''[dbo].[BridgeCheckpoints]_lock''';
+COMMIT;
+GO"""
+
+
+async def test_print_only_install_is_one_standalone_batch_per_table() -> None:
+    """Each printed script runs in sqlcmd or SSMS as is: its own transaction (sp_getapplock's
+    owner), its RETURN inside a dynamic batch so it cannot skip the tables after it, GO after."""
+    plain = Transport("legacy", config(catalog=None, schema="dbo"))
+    odd = Transport("legacy", config())
+    try:
+        assert await plain.install([], print_only=True) == [PRINTED_CHECKPOINTS]
+        printed = await odd.install([TABLE, "it's"], print_only=True)
+    finally:
+        await plain.close()
+        await odd.close()
+    executed = odd.install_statements([TABLE, "it's"])
+    assert len(printed) == len(executed) == 3
+    for script, batch in zip(executed, printed, strict=True):
+        literal = script.replace("'", "''")
+        assert batch == (
+            f"SET XACT_ABORT ON;\nBEGIN TRANSACTION;\nEXEC sp_executesql N'{literal}';\nCOMMIT;\nGO"
+        )
+
+
+def go_batches(printed: str) -> list[str]:
+    """The batches sqlcmd sends to the server: the text between lines that are `GO`."""
+    found, current = [], []
+    for line in printed.splitlines():
+        if line.strip() == "GO":
+            found.append("\n".join(current).strip())
+            current = []
+        else:
+            current.append(line)
+    assert not "\n".join(current).strip(), "text after the last GO"
+    return found
+
+
+@pytest.mark.parametrize("catalog", [CATALOG, None])
+def test_printed_batches_parse_as_tsql_around_the_exact_script(catalog: str | None) -> None:
+    transport = Transport("legacy", config(catalog=catalog))
+    executed = transport.install_statements([TABLE, "it's", "Sales"])
+    batches = go_batches("\n\n".join(transport.dialect.printable(executed)) + "\n")
+    assert len(batches) == len(executed) == 4
+    for script, batch in zip(executed, batches, strict=True):
+        trees = parse(batch)
+        kinds = [type(tree).__name__ for tree in trees]
+        assert kinds == ["Set", "Transaction", "ExecuteSql", "Commit"]
+        (literal,) = trees[2].expressions
+        assert isinstance(literal, exp.National) and literal.this == script
 
 
 # -- T-SQL parsing -----------------------------------------------------------------------------
@@ -249,6 +336,8 @@ def test_statements_parse_as_tsql_on_the_right_table(name: str) -> None:
         "receive": ["Declare", "Delete"],
         "purge_expired": ["Declare", "Delete"],
         "checkpoint_upsert": ["Merge"],
+        "checkpoint_insert_new": ["Merge"],
+        "checkpoint_advance": ["Update"],
     }.get(name, ["Select"])
     assert kinds == expected
     tables = {t for tree in trees for t in queue_tables(tree)}
@@ -334,20 +423,19 @@ def test_other_parameter_shapes() -> None:
     assert placeholders(GOLDEN_DML["receive"]) == 1
     assert placeholders(GOLDEN_DML["purge_expired"]) == 1
     assert placeholders(GOLDEN_DML["checkpoint_upsert"]) == 2
+    assert placeholders(GOLDEN_DML["checkpoint_insert_new"]) == 2
+    assert placeholders(GOLDEN_DML["checkpoint_advance"]) == 3
     assert placeholders(tsql.has_recoverable(None)) == 1
     assert placeholders(tsql.EXISTS) == 1
-    poison = PoisonMessage("not json", b"\x00", "bad", "HeadersFormatError", native_id="X")
-    copy = poison_copy(poison)
-    assert (copy.ttl_ms, copy.headers, copy.body) == (None, "not json", b"\x00")
 
 
-def test_output_rows_map_to_envelopes_in_output_order() -> None:
+def test_output_rows_map_to_envelopes_in_rowversion_order() -> None:
     now = time.time()
     rows = received_rows(
-        [
-            ("B0C9", 0, '{"NServiceBus.MessageId":"a"}', b"x", 60_000),
-            ("A1F2", 1, '{"NServiceBus.MessageId":"b"}', None, -10),
-            ("C3D4", 0, "not json", b"p", None),
+        [  # OUTPUT order is not guaranteed: RowVersion (the sixth column) is
+            ("C3D4", 0, "not json", b"p", None, 12),
+            ("B0C9", 0, '{"NServiceBus.MessageId":"a"}', b"x", 60_000, 7),
+            ("A1F2", 1, '{"NServiceBus.MessageId":"b"}', None, -10, 9),
         ]
     )
     assert [r.native_id for r in rows] == ["B0C9", "A1F2", "C3D4"]
@@ -480,9 +568,9 @@ async def test_receive_moves_poison_and_drops_expired_in_one_transaction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rows = [
-        ("ID-1", 0, '{"NServiceBus.MessageId":"a"}', b"x", 60_000),
-        ("ID-2", 1, '{"NServiceBus.MessageId":"b"}', b"y", -5),
-        ("ID-3", 0, "not json", b"p", None),
+        ("ID-3", 0, "not json", b"p", None, 3),
+        ("ID-1", 0, '{"NServiceBus.MessageId":"a"}', b"x", 60_000, 1),
+        ("ID-2", 1, '{"NServiceBus.MessageId":"b"}', b"y", -5, 2),
     ]
     db = ScriptedConnection(True, rows)
     transport = scripted(monkeypatch, db)
@@ -499,7 +587,11 @@ async def test_receive_moves_poison_and_drops_expired_in_one_transaction(
     assert len(moved) == 1
     _, sql, params = moved[0]
     assert sql == tsql.send("[my]]db].[d.b o].[error]")
-    assert params[1:] == (None, "not json", b"p") and params[0] != "ID-3"
+    assert params[0] != "ID-3" and params[1] is None and params[3] == b"p"
+    copy = json.loads(params[2])
+    assert copy[RAW_HEADERS] == "not json" and copy["NServiceBus.MessageId"] == "ID-3"
+    assert copy["NServiceBus.FailedQ"] == "Sales.De layed]@[d.b o]@[my]]db]"
+    assert copy["NServiceBus.ExceptionInfo.ExceptionType"] == "HeadersFormatError"
     kinds = [kind for kind, _, _ in db.log]
     assert kinds.index("executemany") < kinds.index("commit")
 
@@ -546,10 +638,14 @@ def test_driver_errors_are_sorted_by_whether_they_go_away(dialect: SqlServerDial
     deadlock = pyodbc.Error("40001", "[40001] Transaction was deadlocked (1205)")
     missing = pyodbc.ProgrammingError("42S02", "[42S02] Invalid object name 'x'. (208)")
     timeout = pyodbc.OperationalError("HYT00", "[HYT00] Query timeout expired (0)")
+    truncated = pyodbc.DataError("22001", "[22001] String or binary data would be truncated")
     assert isinstance(dialect.translate(deadlock), TransportUnavailable)
     assert isinstance(dialect.translate(timeout), TransportUnavailable)
     error = dialect.translate(missing)
     assert isinstance(error, TransportError) and not error.retriable
+    assert not isinstance(error, MessageRejected)
+    refused = dialect.translate(truncated)  # one row the table can never take
+    assert isinstance(refused, MessageRejected) and refused.index is None
     assert dialect.translate(ValueError("not a driver error")) is None
 
 
@@ -560,7 +656,7 @@ OUTPUT deleted.Id,
        CASE WHEN deleted.Expires IS NULL THEN 0
             ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
        deleted.Headers, deleted.Body,
-       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);"""
+       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;"""
 
 GOLDEN_RANGE = {
     "receive_range": f"""DECLARE @lo bigint = ?, @hi bigint = ?, @n int = ?;

@@ -1,9 +1,10 @@
 """What differs between SQL databases: driver, quoting, parameter style, error translation.
 
 A `Dialect` is synchronous and driver-bound; `bridge.transports.sql.queue` runs it on one
-dedicated thread per connection. It renders the statement sets of the table layout
-(`bridge.transports.sql.layout`) in its own SQL: quoted names, its parameter placeholder, its
-clock expressions. Nothing here knows about asyncio, envelopes or batches.
+dedicated thread per connection. Its queue tables follow the connection's layout
+(`bridge.transports.sql.layout`), which writes its statements from the dialect's primitives:
+quoted names, the parameter placeholder, the UTC clock, expiry and the batch limit. The
+dialect hands those statements out; nothing here knows about asyncio, envelopes or batches.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
 from bridge.errors import ConfigError, TransportError
-from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow, QueueStatements
+from bridge.transports.sql.layout import (
+    CheckpointStatements,
+    Layout,
+    OutgoingRow,
+    QueueStatements,
+    load_layout,
+)
 
 __all__ = ["DbConnection", "DbCursor", "Dialect", "double_quote", "scalar"]
 
@@ -54,9 +61,14 @@ class Dialect(ABC):
     """One database flavour, bound to one connection's settings (`connection_name` for messages)."""
 
     kind: ClassVar[str]
+    #: The parameter placeholder of the driver (its DB-API paramstyle).
+    placeholder: ClassVar[str]
+    #: The database clock's current UTC time, in the type its layouts store `Expires` as.
+    utc_now: ClassVar[str]
 
-    def __init__(self, connection_name: str) -> None:
+    def __init__(self, connection_name: str, layout: str) -> None:
         self.connection_name = connection_name
+        self.layout: Layout = load_layout(layout, self)
 
     # -- driver --------------------------------------------------------------------------------
 
@@ -89,31 +101,84 @@ class Dialect(ABC):
     def canonical_address(self, name: str) -> str:
         """The queue's address as NServiceBus writes it in headers (wire-format §6)."""
 
-    # -- statements ----------------------------------------------------------------------------
+    # -- primitives layouts write statements with -----------------------------------------------
 
     @abstractmethod
+    def quote(self, identifier: str) -> str:
+        """One quoted identifier; raises ConfigError for impossible ones."""
+
+    def param_safe(self, sql: str) -> str:
+        """`sql` (a quoted name) fit for a statement with parameters."""
+        return sql
+
+    @abstractmethod
+    def expires_after(self, ms: str) -> str:
+        """The `Expires` value `ms` milliseconds from now (NULL when `ms` is NULL)."""
+
+    @abstractmethod
+    def is_expired(self, column: str) -> str:
+        """The condition that the expiry time in `column` has passed (false for NULL)."""
+
+    def expired_flag(self, column: str) -> str:
+        """1 when the expiry time in `column` has passed, else 0."""
+        return f"CASE WHEN {self.is_expired(column)} THEN 1 ELSE 0 END"
+
+    @abstractmethod
+    def remaining_ms(self, column: str) -> str:
+        """Milliseconds until the expiry time in `column` (NULL for NULL)."""
+
+    @abstractmethod
+    def take(self, n: str) -> str:
+        """The batch-limit form after `ORDER BY`: the first `n` rows, skipping rows other
+        transactions hold where the database locks rows in that clause."""
+
+    @abstractmethod
+    def byte_length(self, column: str) -> str:
+        """Bytes in binary `column`."""
+
+    def read_text(self, column: str) -> str:
+        """Text `column` as the driver can always read it."""
+        return column
+
+    def read_bytes(self, column: str) -> str:
+        """Binary `column` as the driver returns bytes for it."""
+        return column
+
+    def write_text(self, param: str) -> str:
+        """The value of a text column from parameter `param` (str, or a poison row's bytes)."""
+        return param
+
+    def uuid_text(self, column: str) -> str:
+        """Uuid `column` as text."""
+        return column
+
+    # -- statements ----------------------------------------------------------------------------
+
     def queue_statements(self, name: str) -> QueueStatements:
-        """Every statement the transport runs against queue table `name`."""
+        """Every statement the transport runs against queue table `name` (its layout's)."""
+        return self.layout.queue_statements(name)
 
     @abstractmethod
     def checkpoint_statements(self) -> CheckpointStatements:
-        """Statements of the `BridgeCheckpoints` table next to the queue tables."""
+        """Statements of the `BridgeCheckpoints` table next to the queue tables: this
+        project's own table, the same under every layout."""
 
     @abstractmethod
     def table_exists(self, db: DbConnection, name: str) -> bool:
         """Whether table `name` (unquoted, in the configured schema) exists."""
 
     def send_statement(self, db: DbConnection, name: str) -> str:
-        """The insert for table `name`; a dialect may look at the table first (and cache)."""
-        return self.queue_statements(name).send
+        return self.layout.send_statement(db, name)
 
     def send_params(self, row: OutgoingRow) -> Sequence[Any]:
-        """Parameters of `send`: (id, ttl_ms, headers, body), which is the row itself."""
-        return row
+        return self.layout.send_params(row)
 
     def warnings(self, db: DbConnection, name: str) -> list[str]:
-        """Human-readable problems of an existing table that still works."""
-        return []
+        return self.layout.warnings(db, name)
+
+    def printable(self, statements: Sequence[str]) -> list[str]:
+        """`statements` as text the database's own client runs as printed (psql, sqlite3)."""
+        return [statement.rstrip().rstrip(";") + ";" for statement in statements]
 
     def describe(self) -> str:
         return f"{self.kind} connection {self.connection_name!r}"

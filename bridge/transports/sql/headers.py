@@ -4,11 +4,18 @@ Written as current NServiceBus endpoints write it: a compact JSON object, `/` es
 non-ASCII characters raw. Read: any standard JSON object whose values are strings or null, with
 order and repeated names kept. An empty string or NULL column means no headers. Anything else
 raises `HeadersFormatError`, which makes the row a poison message.
+
+Lone surrogates: a JSON escape like `\\ud800` without its pair is valid (ASCII) JSON, but the
+text it stands for has no UTF-8 form, so neither a PostgreSQL or SQLite column nor a Kafka or
+AMQP header can carry it. `decode` refuses such a name or value (poison: the row moves to the
+error queue unchanged) and `encode` refuses headers holding one (the sink rejects that message),
+rather than failing inside the driver on every retry.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import cast
 
 from bridge.envelope import Headers
@@ -17,11 +24,19 @@ from bridge.errors import HeadersFormatError
 __all__ = ["decode", "encode"]
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def encode(headers: Headers) -> str:
-    """Serialize to the JSON object text endpoints write (duplicates collapse, last wins)."""
-    return _encoder.encode(headers.to_dict()).replace("/", "\\/")
+    """Serialize to the JSON object text endpoints write (duplicates collapse, last wins);
+    raise HeadersFormatError when a name or value holds a lone surrogate."""
+    text = _encoder.encode(headers.to_dict()).replace("/", "\\/")
+    if not text.isascii():  # only non-ASCII text can hold a surrogate
+        try:
+            text.encode("utf-8")  # ~4x faster than a regex search for the surrogate range
+        except UnicodeEncodeError as exc:
+            raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
+    return text
 
 
 class JSONObject(list[tuple[str, object]]):
@@ -55,4 +70,16 @@ def decode(text: str | bytes | None) -> Headers:
             raise HeadersFormatError(
                 f"header {name!r} must be a string or null, got {type(value).__name__}"
             )
+    if "\\u" in text:  # only an escape puts a surrogate into text that was decoded as UTF-8
+        _refuse_lone_surrogates(cast(list[tuple[str, str | None]], parsed))
     return Headers(cast(list[tuple[str, str | None]], parsed))
+
+
+def _refuse_lone_surrogates(pairs: list[tuple[str, str | None]]) -> None:
+    # A valid escaped pair (`\\ud83d\\ude00`) is one character by now: what is left is lone.
+    for name, value in pairs:
+        for text in (name, value):
+            if text is not None and not text.isascii() and _SURROGATE.search(text):
+                raise HeadersFormatError(
+                    f"header {name!r} holds a lone surrogate escape, which UTF-8 cannot carry"
+                )

@@ -1,7 +1,15 @@
-"""The NServiceBus queue-table layout: which statements exist, and rows <-> envelopes.
+"""Queue-table layouts: what a queue table holds, its statements, and rows <-> envelopes.
 
-A layout says what a queue table holds and how a row becomes an `Envelope` (wire-format §1-§3);
-a dialect (`bridge.transports.sql.dialect`) renders the layout's statements in its own SQL.
+A `Layout` is chosen by a SQL connection's `layout` key and built on that connection's
+`Dialect`: it writes every statement of `QueueStatements` from the dialect's primitives
+(quoting, placeholder, UTC clock, expiry, batch limit) and maps rows to envelopes and back. The
+dialect keeps the driver, names and errors. `LAYOUTS` names the module of each (layout,
+database) pair, so adding a layout is adding one module and its lines there:
+
+    nservicebus on sqlserver               the NServiceBus SQL Server transport's (§1), verbatim
+    nservicebus on postgresql and sqlite   the NServiceBus PostgreSQL transport's (§2, §3)
+
+The NServiceBus row mapping below is the base class's; both NServiceBus layouts use it.
 
 Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` in this order):
     id       fresh uuid4 as text: the native id, never the logical message id
@@ -21,26 +29,33 @@ reads without taking anything: id, expired flag, headers, body size in bytes, se
 
 from __future__ import annotations
 
+import importlib
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError
+from bridge.errors import ConfigError, HeadersFormatError
 from bridge.transports.sql import headers as headers_codec
 
+if TYPE_CHECKING:
+    from bridge.transports.sql.dialect import DbConnection, Dialect
+
 __all__ = [
+    "LAYOUTS",
     "CheckpointStatements",
+    "Layout",
     "OutgoingRow",
     "QueueRow",
     "QueueStatements",
     "ScannedRow",
     "incoming",
+    "load_layout",
     "new_id",
     "new_ids",
     "outgoing",
-    "poison_copy",
     "received_rows",
     "scanned_rows",
 ]
@@ -85,13 +100,18 @@ class QueueStatements:
 class CheckpointStatements:
     """The `BridgeCheckpoints (name, position)` table: source positions stored with rows.
 
-    create  DDL, idempotent;  upsert  params (name, position);  load  -> rows (name, position)
+    create      DDL, idempotent;  upsert  params (name, position);  load  -> rows (name, position)
+    insert_new  params (name, position): insert; affects no row when `name` is stored already
+    advance     params (position, name, expected): update; affects no row unless the stored
+                position is `expected` (with `insert_new`, a fence between two writers)
     """
 
     table: str
     create: tuple[str, ...]
     upsert: str
     load: str
+    insert_new: str
+    advance: str
 
 
 class OutgoingRow(NamedTuple):  # a tuple: one is made per message sent
@@ -130,12 +150,6 @@ def outgoing(envelope: Envelope, now: float, native_id: str | None = None) -> Ou
     return OutgoingRow(
         native_id or new_id(), ttl_ms, headers_codec.encode(envelope.headers), bytes(envelope.body)
     )
-
-
-def poison_copy(poison: PoisonMessage) -> OutgoingRow:
-    """The row that moves a poison message to an error queue: raw headers and body unchanged."""
-    raw = poison.raw_headers if poison.raw_headers is not None else ""
-    return OutgoingRow(new_id(), None, raw, poison.body)
 
 
 def new_ids(count: int) -> list[str]:
@@ -178,7 +192,7 @@ def scanned_rows(rows: Sequence[Sequence[Any]]) -> list[ScannedRow]:
         ScannedRow(
             native_id=str(row[0]),
             expired=bool(row[1]),
-            headers=row[2],
+            headers=_as_text_if_utf8(row[2]),
             body_size=int(row[3] or 0),
             seq=int(row[4]),
         )
@@ -192,7 +206,7 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
         headers = headers_codec.decode(row.headers)
     except HeadersFormatError as exc:
         return PoisonMessage(
-            raw_headers=row.headers,
+            raw_headers=_as_text_if_utf8(row.headers),
             body=row.body,
             reason=str(exc),
             exception_type=type(exc).__name__,
@@ -200,6 +214,16 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
         )
     expires_at = None if row.remaining_ms is None else now + row.remaining_ms / 1000
     return Envelope(headers, row.body, expires_at=expires_at, native_id=row.native_id)
+
+
+def _as_text_if_utf8(raw: str | bytes | None) -> str | bytes | None:
+    """A Headers column read as bytes (SQLite) as the text it held, unless that is not UTF-8."""
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw
+    return raw
 
 
 def _as_bytes(value: object) -> bytes:
@@ -210,3 +234,58 @@ def _as_bytes(value: object) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"unexpected Body column value of type {type(value).__name__}")
+
+
+class Layout(ABC):
+    """One queue-table layout on one connection's dialect; the NServiceBus row mapping.
+
+    A subclass writes `queue_statements` from `self.dialect`'s primitives and, where its table
+    differs, overrides the mapping and the send hooks.
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+
+    @abstractmethod
+    def queue_statements(self, name: str) -> QueueStatements:
+        """Every statement the transport runs against queue table `name`."""
+
+    def send_statement(self, db: DbConnection, name: str) -> str:
+        """The insert for table `name`; a layout may look at the table first (and cache)."""
+        return self.queue_statements(name).send
+
+    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
+        """Parameters of `send`: (id, ttl_ms, headers, body), which is the row itself."""
+        return row
+
+    def warnings(self, db: DbConnection, name: str) -> list[str]:
+        """Human-readable problems of an existing table that still works."""
+        return []
+
+    # The NServiceBus mapping (the functions above); a layout whose rows differ overrides it.
+    outgoing = staticmethod(outgoing)
+    received_rows = staticmethod(received_rows)
+    scanned_rows = staticmethod(scanned_rows)
+    incoming = staticmethod(incoming)
+
+
+#: (layout, dialect kind) -> "module:class"; imported on first use.
+LAYOUTS = {
+    ("nservicebus", "sqlserver"): "bridge.transports.sql.nservicebus_sqlserver:SqlServerLayout",
+    ("nservicebus", "postgresql"): "bridge.transports.sql.nservicebus_postgresql:PostgresLayout",
+    ("nservicebus", "sqlite"): "bridge.transports.sql.nservicebus_postgresql:PostgresLayout",
+}
+
+
+def load_layout(name: str, dialect: Dialect) -> Layout:
+    """The layout `name` on `dialect`; ConfigError when that database has no such layout."""
+    target = LAYOUTS.get((name, dialect.kind))
+    if target is None:
+        known = sorted(layout for layout, kind in LAYOUTS if kind == dialect.kind)
+        raise ConfigError(
+            f"{dialect.describe()}: no queue-table layout {name!r} on {dialect.kind} "
+            f"(known: {', '.join(known)})"
+        )
+    module, _, cls = target.partition(":")
+    layout: type[Layout] = getattr(importlib.import_module(module), cls)
+    return layout(dialect)

@@ -1,12 +1,11 @@
-"""PostgreSQL queue tables as the NServiceBus PostgreSQL transport lays them out (§2), psycopg 3.
+"""PostgreSQL through psycopg 3: connection, names, errors, SQL primitives (wire-format §2).
 
 Features
-    `"schema"."table" (id uuid, expires timestamp (UTC), headers text, body bytea, seq serial)`,
-    created with the transport's own statement (plus a partial index on `expires`). Send and
-    receive are the transport's statements; the receive takes up to n rows at once with
-    `FOR UPDATE SKIP LOCKED`, so concurrent receivers skip each other's rows, and returns `seq`
-    to restore FIFO order (RETURNING order is unspecified). Expiry uses the database clock,
-    `now() AT TIME ZONE 'UTC'`.
+    Queue tables follow the connection's layout; `nservicebus` is the NServiceBus PostgreSQL
+    transport's `"schema"."table" (id uuid, expires timestamp (UTC), headers text, body bytea,
+    seq serial)` (`bridge.transports.sql.nservicebus_postgresql`). A receive takes up to n rows
+    at once with `FOR UPDATE SKIP LOCKED`, so concurrent receivers skip each other's rows.
+    Expiry uses the database clock, `now() AT TIME ZONE 'UTC'`.
 
 Connection
     `{type: postgresql, dsn: "postgresql://...", schema: public}`; a DSN without
@@ -15,7 +14,10 @@ Connection
 
 Limits
     Table names longer than 55 bytes are refused, as the real installer does (the `seq`
-    sequence name must fit PostgreSQL's 63-byte identifiers).
+    sequence name must fit PostgreSQL's 63-byte identifiers). A time to live that would end
+    after 9999-12-31 (the range of .NET's DateTime, which endpoints read `Expires` into; far
+    beyond it PostgreSQL's interval overflows) is written as never expiring (NULL), as
+    NServiceBus treats `TimeSpan.MaxValue`.
 
 Errors
     Connection failures and SQLSTATE classes 08, 40 (serialization, deadlock), 53, 57, 58 and
@@ -24,40 +26,43 @@ Errors
 
 from __future__ import annotations
 
-from typing import cast
+import time
+from collections.abc import Sequence
+from typing import Any, cast
 
 from bridge.config.models import PostgresConnection
 from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import postgresql_error
-from bridge.transports.sql.layout import CheckpointStatements, QueueStatements
+from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow
 from bridge.transports.sql.queue import SqlTransport
 
-__all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport"]
+__all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport", "check_table_name"]
 
 MAX_TABLE_NAME_BYTES = 55
-_NOW = "(now() AT TIME ZONE 'UTC')"
-# rs.id as text: the native id is a string, and a uuid.UUID per row only to format it costs.
-_RETURNING = (
-    "RETURNING rs.id::text,"
-    f" CASE WHEN rs.expires IS NULL THEN 0 WHEN rs.expires > {_NOW} THEN 0 ELSE 1 END,"
-    " rs.headers, rs.body,\n"
-    f"  CAST(EXTRACT(EPOCH FROM rs.expires - {_NOW}) * 1000 AS bigint), rs.seq"
-)
+#: 9999-12-31 23:59:59 UTC in epoch seconds: the last `Expires` a .NET DateTime can hold.
+LAST_EXPIRES = 253_402_300_799
 
 
-def _placeholder_safe(name: str) -> str:
-    """A quoted name for a statement with parameters, where psycopg reads `%` as a placeholder."""
-    return name.replace("%", "%%")
+def check_table_name(name: str) -> None:
+    """Raise ConfigError for a queue table name the transport refuses (`bridge check` uses it)."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_TABLE_NAME_BYTES:
+        raise ConfigError(
+            f"PostgreSQL queue table name {name!r} is {size} bytes long; "
+            f"the NServiceBus PostgreSQL transport allows at most {MAX_TABLE_NAME_BYTES}"
+        )
 
 
 class PostgresDialect(Dialect):
     kind = "postgresql"
+    placeholder = "%s"
+    utc_now = "(now() AT TIME ZONE 'UTC')"
 
     def __init__(self, connection_name: str, config: PostgresConnection) -> None:
-        super().__init__(connection_name)
         self.config = config
         self.schema = config.schema_
+        super().__init__(connection_name, config.layout)
 
     def connect(self) -> DbConnection:
         import psycopg
@@ -79,60 +84,40 @@ class PostgresDialect(Dialect):
         return not (getattr(db, "closed", False) or getattr(db, "broken", False))
 
     def table(self, name: str) -> str:
-        size = len(name.encode("utf-8"))
-        if size > MAX_TABLE_NAME_BYTES:
-            raise ConfigError(
-                f"PostgreSQL queue table name {name!r} is {size} bytes long; "
-                f"the NServiceBus PostgreSQL transport allows at most {MAX_TABLE_NAME_BYTES}"
-            )
+        check_table_name(name)
         return f"{double_quote(self.schema)}.{double_quote(name)}"
 
     def canonical_address(self, name: str) -> str:
         return f"{double_quote(self.schema)}.{double_quote(name)}"
 
-    def queue_statements(self, name: str) -> QueueStatements:
-        t = self.table(name)
-        tp = _placeholder_safe(t)
-        expired = f"expires <= {_NOW}"
-        return QueueStatements(
-            create=(
-                f"CREATE TABLE IF NOT EXISTS {t} (\n"
-                "  Id uuid NOT NULL PRIMARY KEY, Expires TIMESTAMP, Headers TEXT NOT NULL, "
-                "Body BYTEA,\n"
-                "  Seq serial NOT NULL UNIQUE)",
-                f"CREATE INDEX IF NOT EXISTS {double_quote(name + '_expires')} ON {t} (expires)"
-                " WHERE expires IS NOT NULL",
-            ),
-            send=(
-                f"INSERT INTO {tp} (Id, Expires, Headers, Body) VALUES "
-                f"(%s, {_NOW} + (%s || ' ms')::INTERVAL, %s, %s)"
-            ),
-            receive=(
-                f"DELETE FROM {tp} rs WHERE rs.id IN "
-                f"(SELECT id FROM {tp} ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)\n"
-                f"{_RETURNING}"
-            ),
-            depth=f"SELECT count(*) FROM {t}",
-            oldest=f"SELECT headers FROM {t} ORDER BY seq LIMIT 1",
-            expired=f"SELECT count(*) FROM {t} WHERE {expired}",
-            purge_expired=(
-                f"DELETE FROM {tp} WHERE id IN "
-                f"(SELECT id FROM {tp} WHERE {expired} LIMIT %s FOR UPDATE SKIP LOCKED)"
-            ),
-            bounds=f"SELECT min(seq), max(seq) FROM {t}",
-            receive_range=(
-                f"DELETE FROM {tp} rs WHERE rs.id IN "
-                f"(SELECT id FROM {tp} WHERE seq BETWEEN %s AND %s ORDER BY seq LIMIT %s "
-                "FOR UPDATE SKIP LOCKED)\n"
-                f"{_RETURNING}"
-            ),
-            count_range=f"SELECT count(*) FROM {tp} WHERE seq BETWEEN %s AND %s",
-            scan_range=(
-                f"SELECT id, CASE WHEN {expired} THEN 1 ELSE 0 END, headers, "
-                f"octet_length(body), seq FROM {tp}\n"
-                "WHERE seq > %s AND seq <= %s ORDER BY seq LIMIT %s"
-            ),
-        )
+    def quote(self, identifier: str) -> str:
+        return double_quote(identifier)
+
+    def param_safe(self, sql: str) -> str:
+        return sql.replace("%", "%%")  # psycopg reads `%` as a placeholder
+
+    def expires_after(self, ms: str) -> str:
+        return f"{self.utc_now} + ({ms} || ' ms')::INTERVAL"
+
+    def is_expired(self, column: str) -> str:
+        return f"{column} <= {self.utc_now}"
+
+    def expired_flag(self, column: str) -> str:
+        now = self.utc_now
+        return f"CASE WHEN {column} IS NULL THEN 0 WHEN {column} > {now} THEN 0 ELSE 1 END"
+
+    def remaining_ms(self, column: str) -> str:
+        return f"CAST(EXTRACT(EPOCH FROM {column} - {self.utc_now}) * 1000 AS bigint)"
+
+    def take(self, n: str) -> str:
+        return f"LIMIT {n} FOR UPDATE SKIP LOCKED"
+
+    def byte_length(self, column: str) -> str:
+        return f"octet_length({column})"
+
+    def uuid_text(self, column: str) -> str:
+        # The native id is a string; a uuid.UUID per row only to format it costs.
+        return f"{column}::text"
 
     def checkpoint_statements(self) -> CheckpointStatements:
         t = f"{double_quote(self.schema)}.{double_quote('BridgeCheckpoints')}"
@@ -144,11 +129,23 @@ class PostgresDialect(Dialect):
                 "  position BIGINT NOT NULL)",
             ),
             upsert=(
-                f"INSERT INTO {_placeholder_safe(t)} (name, position) VALUES (%s, %s)\n"
+                f"INSERT INTO {self.param_safe(t)} (name, position) VALUES (%s, %s)\n"
                 "ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position"
             ),
             load=f"SELECT name, position FROM {t}",
+            insert_new=(
+                f"INSERT INTO {self.param_safe(t)} (name, position) VALUES (%s, %s)\n"
+                "ON CONFLICT (name) DO NOTHING"
+            ),
+            advance=(
+                f"UPDATE {self.param_safe(t)} SET position = %s WHERE name = %s AND position = %s"
+            ),
         )
+
+    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
+        if row.ttl_ms is not None and row.ttl_ms > (LAST_EXPIRES - time.time()) * 1000:
+            row = row._replace(ttl_ms=None)
+        return super().send_params(row)
 
     def table_exists(self, db: DbConnection, name: str) -> bool:
         query = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s"

@@ -6,19 +6,32 @@ Guarantees
     crash, a lost connection) rolls back and every row is back where it was. Concurrent
     receivers never get the same row. A send inserts the whole list in one transaction and
     returns only after COMMIT; with a checkpoint, the source positions are upserted into
-    `BridgeCheckpoints` in that same transaction (Kafka -> SQL exactly-once).
+    `BridgeCheckpoints` in that same transaction (Kafka -> SQL exactly-once). A sink told
+    `fence_checkpoint` writes a position only over the one it expects, so that of two writers
+    of one position (two attempts of one bulk task) only one commits (`CheckpointConflict`).
+    A message whose headers no row can hold (a lone surrogate) raises `MessageRejected` with
+    its index before anything is written, so the runner sends it to the error queue and the
+    rest on. A `FencedCheckpoint` (a Kafka source's batch) is written the same way over the
+    positions its batch started from; a conflict there is `PositionMoved`, retriable: the
+    source receives again from the stored positions.
 
 Expiry and poison
     Expired rows (by the database clock) are deleted with the batch and only counted in
     `Batch.expired`. A row whose Headers cannot be read becomes a `PoisonMessage` (raw Headers,
-    body) without holding up the rows behind it; with `error_queue` the source inserts it,
-    unchanged but for a fresh Id, into that table in the same transaction, right before COMMIT.
-    Poison messages are listed in `Batch.poison` either way; without `error_queue`, committing
-    deletes them and they are the caller's to keep.
+    body) without holding up the rows behind it, and so does a retried error copy of one (a
+    row carrying `NServiceBus.Bridge.RawHeaders`, see `bridge.deadletter`). With
+    `error_queue` the source inserts its error copy (`bridge.deadletter.error_copy`: body
+    unchanged, the raw Headers text in that header, the failure headers) into that table in
+    the same transaction, right before COMMIT. Poison messages are listed in `Batch.poison`
+    either way; without `error_queue`, committing deletes them and they are the caller's to
+    keep.
 
 Polling
-    With no rows waiting, a receive polls with a backoff from 10 ms to 250 ms until its timeout
-    and returns an empty batch without a transaction open.
+    Each poll is a write transaction, so an idle source polls less and less often: the delay
+    between polls doubles from 10 ms to 1 s while no rows come, across receives, and is back to
+    10 ms as soon as a poll finds rows (a busy queue is polled again at once). A receive polls
+    when the next poll is due within its timeout, and otherwise waits out the timeout; it
+    returns an empty batch without a transaction open.
 
 Sequence ranges
     A source given `seq_range=(lo, hi)` receives only rows with lo <= seq <= hi (SQL Server:
@@ -38,37 +51,47 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from bridge.batch import Batch, Rejected
-from bridge.deadletter import error_copy
+from bridge.deadletter import error_copy, returned_poison
 from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError, SettleError, TransportError
-from bridge.protocols import Checkpoint, CheckpointStore
+from bridge.errors import HeadersFormatError, MessageRejected, SettleError, TransportError
+from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.dialect import DbConnection, Dialect, scalar
-from bridge.transports.sql.layout import (
-    ScannedRow,
-    incoming,
-    new_ids,
-    outgoing,
-    poison_copy,
-    received_rows,
-    scanned_rows,
-)
-from bridge.wireformat import parse_timestamp
+from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
+from bridge.transports.sql.layout import ScannedRow, new_ids
+from bridge.wireformat import timestamp_seconds
 
-__all__ = ["QueueDepth", "SqlSink", "SqlSource", "SqlTransport"]
+__all__ = [
+    "CheckpointConflict",
+    "PositionMoved",
+    "QueueDepth",
+    "SqlSink",
+    "SqlSource",
+    "SqlTransport",
+]
 
 MIN_POLL = 0.01
-MAX_POLL = 0.25
+MAX_POLL = 1.0
 TIME_SENT = "NServiceBus.TimeSent"
 
 T = TypeVar("T")
+
+
+class CheckpointConflict(TransportError):
+    """A fenced checkpoint write found another writer's position: the send was rolled back."""
+
+
+class PositionMoved(CheckpointConflict):
+    """A `FencedCheckpoint`'s batch is stale: another consumer of its partitions stored a
+    position first. Retriable: the source receives again from the stored positions."""
+
+    retriable = True
 
 
 @dataclass
@@ -110,6 +133,8 @@ class SqlSource:
             dialect.table(error_queue)  # an impossible name fails now, not at the first poison
         self._connection = Connection(dialect)
         self._holding = False
+        self._poll_delay = MIN_POLL  # after the next empty poll
+        self._next_poll = 0.0  # loop time; 0: now
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         if max_messages < 1:
@@ -118,16 +143,19 @@ class SqlSource:
             raise SettleError("receive_batch called before the previous batch was settled")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
-        delay = MIN_POLL
         while True:
+            if self._next_poll > deadline:
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                return Batch()
+            wait = self._next_poll - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             taken = await self._take(max_messages)
             if taken is not None:
+                self._poll_delay, self._next_poll = MIN_POLL, 0.0
                 return self._batch(taken)
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return Batch()
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, MAX_POLL)
+            self._next_poll = loop.time() + self._poll_delay
+            self._poll_delay = min(self._poll_delay * 2, MAX_POLL)
 
     async def close(self) -> None:
         await self._connection.close()
@@ -150,7 +178,8 @@ class SqlSource:
         self._dialect.begin(db)
         cursor = db.cursor()
         cursor.execute(self._receive, (*self._receive_params, max_messages))
-        rows = received_rows(self._dialect.fetch(cursor))
+        layout = self._dialect.layout
+        rows = layout.received_rows(self._dialect.fetch(cursor))
         if not rows:
             db.rollback()
             return None
@@ -160,7 +189,9 @@ class SqlSource:
             if row.expired:
                 taken.expired += 1
                 continue
-            message = incoming(row, now)
+            message = layout.incoming(row, now)
+            if isinstance(message, Envelope):
+                message = returned_poison(message) or message
             if isinstance(message, PoisonMessage):
                 taken.poison.append(message)
             else:
@@ -202,11 +233,10 @@ class SqlSource:
             statement = self._dialect.send_statement(db, self._error_queue)
             failed_q = self._dialect.canonical_address(self._address)
             now = time.time()
-            rows = [self._dialect.send_params(poison_copy(p)) for p in poison]
-            rows += [
-                self._dialect.send_params(outgoing(error_copy(r.envelope, r.error, failed_q), now))
-                for r in rejected
-            ]
+            outgoing, send_params = self._dialect.layout.outgoing, self._dialect.send_params
+            copies = [error_copy(p, p.reason, failed_q) for p in poison]
+            copies += [error_copy(r.envelope, r.error, failed_q) for r in rejected]
+            rows = [send_params(outgoing(copy, now)) for copy in copies]
             db.cursor().executemany(statement, rows)
         db.commit()
 
@@ -214,8 +244,13 @@ class SqlSource:
 class SqlSink:
     """Inserts envelopes as an NServiceBus endpoint would; one transaction per `send`.
 
+    A row the database refuses for good (a data exception, see `errors.py`) fails the whole
+    send with `MessageRejected` without an index, so the runner sends each message alone.
+
     A sink on a `borrowed` connection (`SqlSource.sink_in_transaction`) writes into the
-    transaction its source has open and leaves the commit to that source's batch.
+    transaction its source has open and leaves the commit to that source's batch. A refused
+    row there is a plain `TransportError`: the failed insert rolled back the source's
+    transaction with it, so the batch can only be aborted, not sent again in parts.
     """
 
     def __init__(self, dialect: Dialect, address: str, borrowed: Connection | None = None) -> None:
@@ -224,8 +259,17 @@ class SqlSink:
         dialect.table(address)
         self._checkpoints = dialect.checkpoint_statements()
         self._checkpoint_table_ready = False
+        self._fence: dict[str, int | None] | None = None
         self._borrowed = borrowed is not None
         self._connection = borrowed or Connection(dialect)
+
+    def fence_checkpoint(self, stored: Mapping[str, int | None]) -> None:
+        """From now on, store a position only over the one expected: at first `stored[name]`
+        (None or absent: no row yet), then the one this sink committed last. When another
+        writer got there first, the send rolls back and raises `CheckpointConflict`."""
+        if self._borrowed:
+            raise ValueError("a sink in its source's transaction cannot fence its checkpoint")
+        self._fence = dict(stored)
 
     async def send(
         self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
@@ -233,7 +277,17 @@ class SqlSink:
         if not envelopes and not checkpoint:
             return
         positions = list((checkpoint or {}).items())
-        await self._connection.run(partial(self._insert, list(envelopes), positions))
+        expected = checkpoint.expected if isinstance(checkpoint, FencedCheckpoint) else None
+        try:
+            rejected = await self._connection.run(
+                partial(self._insert, list(envelopes), positions, expected)
+            )
+        except MessageRejected as exc:
+            if self._borrowed:
+                raise TransportError(str(exc)) from exc
+            raise
+        if rejected is not None:
+            raise rejected
 
     async def load_checkpoint(self, prefix: str) -> dict[str, int]:
         """Stored positions whose names start with `prefix` (empty before the first one)."""
@@ -244,26 +298,66 @@ class SqlSink:
             await self._connection.close()
 
     def _insert(
-        self, envelopes: list[Envelope], positions: list[tuple[str, int]], db: DbConnection
-    ) -> None:
+        self,
+        envelopes: list[Envelope],
+        positions: list[tuple[str, int]],
+        expected: Mapping[str, int | None] | None,
+        db: DbConnection,
+    ) -> MessageRejected | None:
+        """Insert the rows; a message no row can hold is returned, not raised, before anything
+        is written: raising would roll back the connection, which on a borrowed one is the
+        source's batch, while the runner goes on to send the rest of that batch. `expected`
+        (a `FencedCheckpoint`'s starting positions) fences the positions written."""
+        now = time.time()
+        send_params, outgoing = self._dialect.send_params, self._dialect.layout.outgoing
+        rows = []
+        for index, (envelope, native_id) in enumerate(
+            zip(envelopes, new_ids(len(envelopes)), strict=True)
+        ):
+            try:
+                rows.append(send_params(outgoing(envelope, now, native_id)))
+            except HeadersFormatError as exc:
+                where = f"{self._dialect.describe()}: table {self._address!r}"
+                return MessageRejected(f"{where}: {exc}", index=index)
         if positions and not self._checkpoint_table_ready:
             self._create_checkpoint_table(db)
         statement = self._dialect.send_statement(db, self._address)
-        now = time.time()
-        send_params = self._dialect.send_params
-        rows = [
-            send_params(outgoing(envelope, now, native_id))
-            for envelope, native_id in zip(envelopes, new_ids(len(envelopes)), strict=True)
-        ]
         if not self._borrowed:
             self._dialect.begin(db)
         cursor = db.cursor()
         if rows:
             cursor.executemany(statement, rows)
-        if positions:
+        if positions and expected is not None:
+            self._write_fenced(cursor, expected, positions, PositionMoved)
+        elif positions and self._fence is not None:
+            self._write_fenced(cursor, self._fence, positions)
+        elif positions:
             cursor.executemany(self._checkpoints.upsert, positions)
         if not self._borrowed:
             db.commit()
+        if positions and expected is None and self._fence is not None:
+            self._fence.update(positions)
+        return None
+
+    def _write_fenced(
+        self,
+        cursor: DbCursor,
+        fence: Mapping[str, int | None],
+        positions: list[tuple[str, int]],
+        conflict: type[CheckpointConflict] = CheckpointConflict,
+    ) -> None:
+        for name, position in positions:
+            expected = fence.get(name)
+            if expected is None:
+                cursor.execute(self._checkpoints.insert_new, (name, position))
+            else:
+                cursor.execute(self._checkpoints.advance, (position, name, expected))
+            if cursor.rowcount != 1:
+                raise conflict(
+                    f"{self._dialect.describe()}: checkpoint {name!r} is no longer at "
+                    f"{'no position' if expected is None else expected}: another writer "
+                    "stored it first; this send was rolled back"
+                )
 
     def _create_checkpoint_table(self, db: DbConnection) -> None:
         if not self._dialect.table_exists(db, self._checkpoints.table):
@@ -329,10 +423,12 @@ class SqlTransport:
         return statements + list(self.dialect.checkpoint_statements().create)
 
     async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]:
-        """Create the queue tables (idempotent); with `print_only` return the DDL unconnected."""
+        """Create the queue tables (idempotent) and return the DDL run; with `print_only` run
+        nothing and return that DDL as the database's own client would run it, as printed."""
         statements = self.install_statements(addresses)
-        if not print_only:
-            await self._run(partial(_execute_each, statements))
+        if print_only:
+            return self.dialect.printable(statements)
+        await self._run(partial(_execute_each, statements))
         return statements
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
@@ -358,7 +454,7 @@ class SqlTransport:
     async def scan_range(self, address: str, after: int, hi: int, limit: int) -> list[ScannedRow]:
         """Up to `limit` rows with after < seq <= hi in seq order, read without locking them."""
         statement = self.dialect.queue_statements(address).scan_range
-        return scanned_rows(await self._read(statement, (after, hi, limit)))
+        return self.dialect.layout.scanned_rows(await self._read(statement, (after, hi, limit)))
 
     def purge_expired(self, address: str, batch_size: int = 1000) -> int:
         """Delete every expired row in batches of `batch_size`, blocking; returns how many."""
@@ -451,6 +547,6 @@ def _age_seconds(raw_headers: str | bytes | None, now: float) -> float | None:
         sent = headers_codec.decode(raw_headers).get(TIME_SENT)
         if sent is None:
             return None
-        return max(0.0, now - parse_timestamp(sent).timestamp())
+        return max(0.0, now - timestamp_seconds(sent))
     except (HeadersFormatError, ValueError):
         return None

@@ -1,12 +1,17 @@
 """SQLite queue tables (wire-format §3): the embedded default, through the stdlib `sqlite3`.
 
 Features
-    The NServiceBus PostgreSQL layout in one file: `id TEXT` (uuid), `expires TEXT` (UTC ISO
-    8601, `2026-04-29T21:56:55.590Z`, NULL = never), `headers TEXT`, `body BLOB`,
-    `seq INTEGER PRIMARY KEY AUTOINCREMENT` (FIFO). Expiry is computed by SQLite's clock
-    (`julianday('now')`). A receive is `BEGIN IMMEDIATE` + `DELETE ... RETURNING`, sorted by
-    `seq` (RETURNING order is unspecified). The file is switched to WAL so readers (peek) never
-    wait for the writer.
+    Queue tables follow the connection's layout; `nservicebus` is the NServiceBus PostgreSQL
+    layout (`bridge.transports.sql.nservicebus_postgresql`) in one file: `id TEXT` (uuid),
+    `expires TEXT` (UTC ISO 8601, `2026-04-29T21:56:55.590Z`, NULL = never), `headers TEXT`,
+    `body BLOB`, `seq INTEGER PRIMARY KEY AUTOINCREMENT` (FIFO). Expiry is computed by
+    SQLite's clock (`julianday('now')`); a time to live that would end after the year 9999 makes
+    SQLite's date functions return NULL: never expires, as NServiceBus treats
+    `TimeSpan.MaxValue`. A receive is `BEGIN IMMEDIATE` + `DELETE ...
+    RETURNING`, sorted by `seq` (RETURNING order is unspecified). The file is switched to WAL
+    so readers (peek) never wait for the writer. Headers and body are read as BLOBs, so a
+    foreign row whose Headers TEXT is not UTF-8 becomes a poison message, moved to the error
+    queue with the same bytes.
 
 Connection
     `{type: sqlite, path: ./bridge.db, busy_timeout: 30}`; the file is created when missing.
@@ -31,25 +36,20 @@ from bridge.config.models import SqliteConnection
 from bridge.errors import TransportError
 from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import sqlite_error
-from bridge.transports.sql.layout import CheckpointStatements, QueueStatements
+from bridge.transports.sql.layout import CheckpointStatements
 from bridge.transports.sql.queue import SqlTransport
 
 __all__ = ["SqliteDialect", "Transport"]
 
-_NOW = "julianday('now')"
-_EXPIRED = f"expires IS NOT NULL AND julianday(expires) <= {_NOW}"
-_RETURNING = (
-    f"RETURNING id, CASE WHEN {_EXPIRED} THEN 1 ELSE 0 END, headers, body,\n"
-    f"  CAST(round((julianday(expires) - {_NOW}) * 86400000.0) AS INTEGER), seq"
-)
-
 
 class SqliteDialect(Dialect):
     kind = "sqlite"
+    placeholder = "?"
+    utc_now = "julianday('now')"
 
     def __init__(self, connection_name: str, config: SqliteConnection) -> None:
-        super().__init__(connection_name)
         self.config = config
+        super().__init__(connection_name, config.layout)
 
     def connect(self) -> DbConnection:
         # isolation_level=None: no implicit BEGIN; `begin` takes the write lock up front.
@@ -75,47 +75,37 @@ class SqliteDialect(Dialect):
     def canonical_address(self, name: str) -> str:
         return f'"main".{double_quote(name)}'
 
-    def queue_statements(self, name: str) -> QueueStatements:
-        t = double_quote(name)
-        return QueueStatements(
-            create=(
-                f"CREATE TABLE IF NOT EXISTS {t} (\n"
-                "  id TEXT NOT NULL UNIQUE,\n"
-                "  expires TEXT,\n"
-                "  headers TEXT NOT NULL,\n"
-                "  body BLOB,\n"
-                "  seq INTEGER PRIMARY KEY AUTOINCREMENT\n"
-                ")",
-            ),
-            # A NULL ttl makes the modifier NULL and so the whole strftime(): no expiry.
-            send=(
-                f"INSERT INTO {t} (id, expires, headers, body) VALUES "
-                "(?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', (? / 1000.0) || ' seconds'), ?, ?)"
-            ),
-            receive=(
-                f"DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} ORDER BY seq LIMIT ?)\n"
-                f"{_RETURNING}"
-            ),
-            depth=f"SELECT count(*) FROM {t}",
-            oldest=f"SELECT headers FROM {t} ORDER BY seq LIMIT 1",
-            expired=f"SELECT count(*) FROM {t} WHERE {_EXPIRED}",
-            purge_expired=(
-                f"DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} WHERE {_EXPIRED} LIMIT ?)"
-            ),
-            bounds=f"SELECT min(seq), max(seq) FROM {t}",
-            receive_range=(
-                f"DELETE FROM {t} WHERE seq IN "
-                f"(SELECT seq FROM {t} WHERE seq BETWEEN ? AND ? ORDER BY seq LIMIT ?)\n"
-                f"{_RETURNING}"
-            ),
-            count_range=f"SELECT count(*) FROM {t} WHERE seq BETWEEN ? AND ?",
-            # length() of a BLOB counts bytes; the cast covers bodies stored as TEXT by others
-            scan_range=(
-                f"SELECT id, CASE WHEN {_EXPIRED} THEN 1 ELSE 0 END, headers, "
-                f"length(CAST(body AS BLOB)), seq FROM {t}\n"
-                "WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
-            ),
-        )
+    def quote(self, identifier: str) -> str:
+        return double_quote(identifier)
+
+    def expires_after(self, ms: str) -> str:
+        # Expires is ISO 8601 text; a NULL ms makes the modifier NULL and so the whole value.
+        return f"strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ({ms} / 1000.0) || ' seconds')"
+
+    def is_expired(self, column: str) -> str:
+        return f"{column} IS NOT NULL AND julianday({column}) <= {self.utc_now}"
+
+    def remaining_ms(self, column: str) -> str:
+        return f"CAST(round((julianday({column}) - {self.utc_now}) * 86400000.0) AS INTEGER)"
+
+    def take(self, n: str) -> str:
+        return f"LIMIT {n}"  # one writer at a time: no rows held by others to skip
+
+    def byte_length(self, column: str) -> str:
+        # length() of a BLOB counts bytes; the cast covers bodies stored as TEXT by others
+        return f"length(CAST({column} AS BLOB))"
+
+    # sqlite3 fails a whole statement on TEXT that is not UTF-8, which would block the queue:
+    # read as bytes, such a row becomes a poison message instead.
+    def read_text(self, column: str) -> str:
+        return f"CAST({column} AS BLOB)"
+
+    def read_bytes(self, column: str) -> str:
+        return f"CAST({column} AS BLOB)"
+
+    def write_text(self, param: str) -> str:
+        # A poison row's undecodable Headers bytes are stored as TEXT, as the source held them.
+        return f"CAST({param} AS TEXT)"
 
     def checkpoint_statements(self) -> CheckpointStatements:
         t = double_quote("BridgeCheckpoints")
@@ -132,6 +122,10 @@ class SqliteDialect(Dialect):
                 "ON CONFLICT (name) DO UPDATE SET position = excluded.position"
             ),
             load=f"SELECT name, position FROM {t}",
+            insert_new=(
+                f"INSERT INTO {t} (name, position) VALUES (?, ?)\nON CONFLICT (name) DO NOTHING"
+            ),
+            advance=f"UPDATE {t} SET position = ? WHERE name = ? AND position = ?",
         )
 
     def table_exists(self, db: DbConnection, name: str) -> bool:

@@ -1,14 +1,15 @@
-"""SQL Server queue tables exactly as the NServiceBus SQL Server transport uses them (§1), pyodbc.
+"""SQL Server through pyodbc: connection, names, errors (wire-format §1).
 
 Features
-    The transport's own table, creation script and statements (`bridge.transports.sql.tsql`
-    holds all of their text). A receive deletes `TOP(@n)` rows with
-    `UPDLOCK, READPAST, ROWLOCK`, so concurrent receivers skip each other's rows; rows come back
-    in OUTPUT order, which follows the CTE's `ORDER BY RowVersion` in the plans SQL Server uses
-    for it but is not guaranteed by the language. `Recoverable` is written only when the table
-    has that column (looked up once per table). Tables with a clustered `RowVersion` index or
-    a `varchar` Headers column work too; `check` warns about the latter and about a missing
-    `Index_Expires`, with the transport's own queries.
+    Queue tables follow the connection's layout; `nservicebus` is the NServiceBus SQL Server
+    transport's own table, creation script and statements
+    (`bridge.transports.sql.nservicebus_sqlserver`, text in `bridge.transports.sql.tsql`). A
+    receive deletes `TOP(@n)` rows with `UPDLOCK, READPAST, ROWLOCK`, so concurrent receivers
+    skip each other's rows, and outputs their `RowVersion`, by which the batch is sorted
+    (OUTPUT order is not guaranteed). Tables with a clustered `RowVersion` index or a
+    `varchar` Headers column work too; `check` warns about the latter and about a missing
+    `Index_Expires`. `install --print-sql` prints each creation script as its own batch for
+    sqlcmd or SSMS.
 
 Connection
     `{type: sqlserver, dsn: "Driver={ODBC Driver 18 for SQL Server};Server=...", schema: dbo,
@@ -36,23 +37,22 @@ from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql import tsql
 from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
 from bridge.transports.sql.errors import sqlserver_error
-from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow, QueueStatements
+from bridge.transports.sql.layout import CheckpointStatements
 from bridge.transports.sql.queue import SqlTransport
 
 __all__ = ["SqlServerDialect", "Transport"]
 
-_UNICODE_TYPES = {"nvarchar", "nchar", "ntext", "sysname"}
-
 
 class SqlServerDialect(Dialect):
     kind = "sqlserver"
+    placeholder = "?"
+    utc_now = "GETUTCDATE()"
 
     def __init__(self, connection_name: str, config: SqlServerConnection) -> None:
-        super().__init__(connection_name)
         self.config = config
         self.schema = config.schema_
         self.catalog = config.catalog
-        self._recoverable: dict[str, bool] = {}
+        super().__init__(connection_name, config.layout)
 
     def connect(self) -> DbConnection:
         import pyodbc
@@ -78,21 +78,24 @@ class SqlServerDialect(Dialect):
         address = f"{name}@{tsql.bracket(self.schema)}"
         return f"{address}@{tsql.bracket(self.catalog)}" if self.catalog else address
 
-    def queue_statements(self, name: str) -> QueueStatements:
-        t = self.table(name)
-        return QueueStatements(
-            create=(tsql.create_queue(t, self.catalog),),
-            send=tsql.send(t),
-            receive=tsql.receive(t),
-            depth=tsql.depth(t),
-            oldest=tsql.oldest(t),
-            expired=tsql.expired(t),
-            purge_expired=tsql.purge_expired(t),
-            bounds=tsql.bounds(t),
-            receive_range=tsql.receive_range(t),
-            count_range=tsql.count_range(t),
-            scan_range=tsql.scan_range(t),
-        )
+    def quote(self, identifier: str) -> str:
+        return tsql.bracket(identifier)
+
+    def expires_after(self, ms: str) -> str:
+        return f"DATEADD(ms, {ms}, {self.utc_now})"
+
+    def is_expired(self, column: str) -> str:
+        return f"{column} <= {self.utc_now}"
+
+    def remaining_ms(self, column: str) -> str:
+        return f"DATEDIFF_BIG(ms, {self.utc_now}, {column})"
+
+    def take(self, n: str) -> str:
+        # T-SQL skips locked rows with table hints (READPAST), never in this clause.
+        return f"OFFSET 0 ROWS FETCH NEXT {n} ROWS ONLY"
+
+    def byte_length(self, column: str) -> str:
+        return f"DATALENGTH({column})"
 
     def checkpoint_statements(self) -> CheckpointStatements:
         t = self.table(tsql.CHECKPOINT_TABLE)
@@ -101,40 +104,15 @@ class SqlServerDialect(Dialect):
             create=(tsql.checkpoint_create(t, self.catalog),),
             upsert=tsql.checkpoint_upsert(t),
             load=tsql.checkpoint_load(t),
+            insert_new=tsql.checkpoint_insert_new(t),
+            advance=tsql.checkpoint_advance(t),
         )
 
     def table_exists(self, db: DbConnection, name: str) -> bool:
         return scalar(db, tsql.EXISTS, (self.table(name),)) is not None
 
-    def send_statement(self, db: DbConnection, name: str) -> str:
-        t = self.table(name)
-        recoverable = self._recoverable.get(name)
-        if recoverable is None:
-            found = scalar(db, tsql.has_recoverable(self.catalog), (t,))
-            recoverable = self._recoverable[name] = bool(found)
-        return tsql.send(t) if recoverable else tsql.send_without_recoverable(t)
-
-    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
-        ttl_ms = row.ttl_ms if row.ttl_ms is None or row.ttl_ms <= tsql.INT32_MAX else None
-        return (row.id, ttl_ms, row.headers, row.body)
-
-    def warnings(self, db: DbConnection, name: str) -> list[str]:
-        t = self.table(name)
-        found: list[str] = []
-        if not scalar(db, tsql.index_expires_count(t, self.catalog)):
-            found.append(
-                f"{t} has no Index_Expires index: purging and counting expired messages scans "
-                "the whole table (see the NServiceBus SQL Server transport upgrade guide)"
-            )
-        cursor = db.cursor()
-        cursor.execute(tsql.headers_type(t, self.catalog))
-        types = {str(row[0]).lower() for row in cursor.fetchall()}
-        if types and not types & _UNICODE_TYPES:
-            found.append(
-                f"{t}.Headers is {'/'.join(sorted(types))}, not nvarchar: header values outside "
-                "the database code page are mangled; change the column to nvarchar(max)"
-            )
-        return found
+    def printable(self, statements: Sequence[str]) -> list[str]:
+        return [tsql.standalone_batch(statement) for statement in statements]
 
 
 class Transport(SqlTransport):

@@ -12,9 +12,10 @@ The statements are the NServiceBus SQL Server transport's own, verbatim, with th
       receive_range  (@lo bigint, @hi bigint, @n int)
       count_range    (@lo bigint, @hi bigint)
       scan_range     (@after bigint, @hi bigint, @n int)
-- The receive takes `TOP(@n)` rows instead of `TOP(1)`, and its OUTPUT has ONE extra column
+- The receive takes `TOP(@n)` rows instead of `TOP(1)`, and its OUTPUT has two extra columns
   after the spec's four: `DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires)`, the remaining
-  lifetime by the database clock (NULL when the row never expires).
+  lifetime by the database clock (NULL when the row never expires), and `deleted.RowVersion`,
+  by which a batch is put in FIFO order: OUTPUT order is not guaranteed.
 - `send_without_recoverable` is the send for tables without the legacy `Recoverable` column.
 - The RowVersion-range statements of bulk jobs are this project's: `receive_range` is the
   receive with `WHERE RowVersion BETWEEN @lo AND @hi` in its CTE (same hints, same OUTPUT);
@@ -22,7 +23,9 @@ The statements are the NServiceBus SQL Server transport's own, verbatim, with th
   they never wait on rows a receiver holds; `scan_range` outputs `DATALENGTH(Body)`, not Body.
 - The checks, the `Recoverable` probe and `BridgeCheckpoints` are this project's statements;
   the two table checks are the transport's, prefixed with the catalog where one is configured
-  so they look at the right database. Existence checks take the quoted name as a parameter.
+  so they look at the right database, and with the name as an `N'...'` literal so names
+  outside the database code page are found. Existence checks take the quoted name as a
+  parameter.
 
 `{0}` in the spec is `table_name(...)`: `[catalog].[schema].[table]`, each part bracket-quoted
 with `]` doubled. Where the spec puts that name inside a string literal (`N'{0}'`,
@@ -37,7 +40,9 @@ __all__ = [
     "INT32_MAX",
     "bounds",
     "bracket",
+    "checkpoint_advance",
     "checkpoint_create",
+    "checkpoint_insert_new",
     "checkpoint_load",
     "checkpoint_table",
     "checkpoint_upsert",
@@ -58,6 +63,7 @@ __all__ = [
     "scan_range",
     "send",
     "send_without_recoverable",
+    "standalone_batch",
     "table_name",
 ]
 
@@ -119,6 +125,25 @@ def _guarded_create(table: str, catalog: str | None, body: str) -> str:
         "THROW;\n"
         "END CATCH;\n"
         f"EXEC sp_releaseapplock @Resource = '{name}_lock'"
+    )
+
+
+def standalone_batch(script: str) -> str:
+    """`script` as a batch sqlcmd or SSMS run as printed, ended by `GO`.
+
+    The transport runs each script on a connection without autocommit, so the script's first
+    query opens the transaction `sp_getapplock` (owner Transaction) needs, and a `RETURN` ends
+    only that script. Printed back to back they would share one batch: the first `RETURN` would
+    skip every later table. So each runs as its own dynamic batch (`RETURN` ends only that),
+    verbatim but for doubled quotes, in its own transaction; `XACT_ABORT` rolls a failed one
+    back, so the batches after it start without a transaction left open.
+    """
+    return (
+        "SET XACT_ABORT ON;\n"
+        "BEGIN TRANSACTION;\n"
+        f"EXEC sp_executesql N'{_in_literal(script)}';\n"
+        "COMMIT;\n"
+        "GO"
     )
 
 
@@ -184,7 +209,7 @@ _RECEIVED = (
     "       CASE WHEN deleted.Expires IS NULL THEN 0\n"
     "            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
     "       deleted.Headers, deleted.Body,\n"
-    "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires);"
+    "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;"
 )
 
 
@@ -258,7 +283,7 @@ def index_expires_count(table: str, catalog: str | None) -> str:
         "SELECT COUNT(*)\n"
         f"FROM {_sys(catalog)}.indexes\n"
         "WHERE name = 'Index_Expires'\n"
-        f"AND object_id = OBJECT_ID('{_in_literal(table)}')"
+        f"AND object_id = OBJECT_ID(N'{_in_literal(table)}')"
     )
 
 
@@ -267,7 +292,7 @@ def headers_type(table: str, catalog: str | None) -> str:
         "SELECT t.name\n"
         f"FROM {_sys(catalog)}.columns c\n"
         f"INNER JOIN {_sys(catalog)}.types t ON c.system_type_id = t.system_type_id\n"
-        f"WHERE c.object_id = OBJECT_ID('{_in_literal(table)}')\n"
+        f"WHERE c.object_id = OBJECT_ID(N'{_in_literal(table)}')\n"
         "AND c.name = 'Headers'"
     )
 
@@ -303,6 +328,21 @@ def checkpoint_upsert(table: str) -> str:
         "WHEN MATCHED THEN UPDATE SET Position = source.Position\n"
         "WHEN NOT MATCHED THEN INSERT (Name, Position) VALUES (source.Name, source.Position);"
     )
+
+
+def checkpoint_insert_new(table: str) -> str:
+    """params (name, position); affects no row when the name is stored already."""
+    return (
+        f"MERGE {table} WITH (HOLDLOCK) AS target\n"
+        "USING (SELECT ? AS Name, ? AS Position) AS source\n"
+        "ON target.Name = source.Name\n"
+        "WHEN NOT MATCHED THEN INSERT (Name, Position) VALUES (source.Name, source.Position);"
+    )
+
+
+def checkpoint_advance(table: str) -> str:
+    """params (position, name, expected); affects no row unless the stored one is `expected`."""
+    return f"UPDATE {table} SET Position = ? WHERE Name = ? AND Position = ?;"
 
 
 def checkpoint_load(table: str) -> str:
