@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from bridge.config.models import KafkaConnection
 from bridge.devbroker import free_port
@@ -150,6 +152,38 @@ async def test_install_is_idempotent_and_check_names_missing_topics(kafka_bootst
         with pytest.raises(TransportError, match=f"missing topics: {missing}"):
             await transport.check([sales, missing])
         assert missing not in await transport._topics()  # checking did not create it
+
+
+async def test_install_lets_topics_take_records_as_large_as_the_sink_sends(
+    kafka_bootstrap: str,
+) -> None:
+    """Above a stock broker's `message.max.bytes`, a created topic gets `max.message.bytes`."""
+    large, small = unique("large"), unique("small")
+    async with kafka(kafka_bootstrap, partitions=1, max_request_size=2 * MIB) as transport:
+        shape = f"partitions=1 replication=1 max.message.bytes={2 * MIB}"
+        assert await transport.install([large], print_only=True) == [
+            f"create topic {large} {shape}"
+        ]
+        assert await transport.install([large]) == [f"created topic {large} {shape}"]
+    async with kafka(kafka_bootstrap, partitions=1) as transport:
+        assert await transport.install([small]) == [
+            f"created topic {small} partitions=1 replication=1"
+        ]
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in (large, small)]
+        )
+    finally:
+        await admin.close()
+    settings = {
+        resource[3]: {entry[0]: entry[1] for entry in resource[4]}
+        for response in described
+        for resource in response.resources
+    }
+    assert settings[large]["max.message.bytes"] == str(2 * MIB)
+    assert settings[small].get("max.message.bytes") != str(2 * MIB)
 
 
 async def test_print_only_install_does_not_connect() -> None:

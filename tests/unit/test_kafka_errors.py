@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.errors import (
     CommitFailedError,
+    InvalidTimestampError,
     InvalidTopicError,
     KafkaConnectionError,
     KafkaTimeoutError,
@@ -28,6 +29,7 @@ from bridge.protocols import Sink, Source
 from bridge.protocols import Transport as TransportProtocol
 from bridge.transports.kafka import Transport
 from bridge.transports.kafka.errors import kafka_errors, translate
+from bridge.transports.kafka.sink import refused_batch
 
 
 @pytest.mark.parametrize(
@@ -50,7 +52,7 @@ def test_what_may_go_away_is_retriable(error: BaseException) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [MessageSizeTooLargeError(), RecordTooLargeError(), InvalidTopicError()],
+    [MessageSizeTooLargeError(), RecordTooLargeError(), InvalidTimestampError()],
 )
 def test_a_record_refused_for_good_is_rejected_with_its_index(error: BaseException) -> None:
     translated = translate(error, "send to topic 'sales'", index=3)
@@ -61,12 +63,27 @@ def test_a_record_refused_for_good_is_rejected_with_its_index(error: BaseExcepti
     assert type(error).__name__ in str(translated)
 
 
+@pytest.mark.parametrize("error", [MessageSizeTooLargeError(), RecordTooLargeError()])
+def test_a_refused_batch_of_several_records_blames_none_of_them(error: BaseException) -> None:
+    """The broker refuses a record batch as a whole: with one record in it, that record is the
+    culprit; with more, the first may be innocent, so the runner must send each alone."""
+    rejected = translate(error, "send to topic 'sales'", index=3)
+    assert refused_batch(rejected, 1) is rejected
+    several = refused_batch(rejected, 4)
+    assert isinstance(several, MessageRejected) and several.index is None
+    assert str(several) == str(rejected)
+    unavailable = translate(KafkaTimeoutError(), "send", index=3)
+    assert refused_batch(unavailable, 4) is unavailable
+
+
 def test_without_an_index_a_per_record_error_is_not_a_rejection() -> None:
     translated = translate(MessageSizeTooLargeError(), "commit")
     assert type(translated) is TransportError
 
 
-@pytest.mark.parametrize("error", [TopicAuthorizationFailedError(), CommitFailedError()])
+@pytest.mark.parametrize(
+    "error", [TopicAuthorizationFailedError(), CommitFailedError(), InvalidTopicError()]
+)
 def test_the_rest_is_not_retriable(error: BaseException) -> None:
     translated = translate(error, "x", index=0)
     assert type(translated) is TransportError

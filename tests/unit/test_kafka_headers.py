@@ -166,8 +166,9 @@ def test_non_utf8_header_is_poison_kept_losslessly() -> None:
     assert poison.headers.get(MESSAGE_ID) == record_message_id("t", 0, 5)
 
 
-def test_header_that_cannot_be_utf8_is_a_headers_error() -> None:
-    envelope = Envelope(Headers([(MESSAGE_ID, "m"), ("x", "\ud800")]), b"")
+@pytest.mark.parametrize("item", [("x", "\ud800"), ("\udcff", "v")], ids=["value", "name"])
+def test_header_that_cannot_be_utf8_is_a_headers_error(item: tuple[str, str]) -> None:
+    envelope = Envelope(Headers([(MESSAGE_ID, "m"), item]), b"")
     with pytest.raises(HeadersFormatError):
         to_record(envelope, DEFAULT_KEY, NOW)
 

@@ -12,12 +12,18 @@ Addresses
 
 Administration
     `install` creates missing topics with `partitions` and `replication_factor` (an existing
-    topic is left as it is); with `print_only` it returns what it would create, without
-    connecting. `check` lists the cluster's topics (a metadata request for named topics would
-    create them on brokers that auto-create) and raises `TransportError` naming those missing.
-    `peek` reports the records a topic holds, `depth` = sum over partitions of end offset minus
-    beginning offset (retained records, not the lag of any group), `oldest_age_seconds` from the
-    timestamp of each partition's first record, and `expired = 0` (Kafka does not know).
+    topic is left as it is); when `max_request_size` (or `max_batch_size`) is above the
+    broker's default `message.max.bytes`, the topic gets `max.message.bytes` to match, so the
+    largest record the sink accepts is one the topic accepts too. With `print_only` it returns
+    what it would create, without connecting. `check` lists the cluster's topics (a metadata
+    request for named topics would create them on brokers that auto-create) and raises
+    `TransportError` naming those missing. `peek` reports the records a topic holds, `depth` =
+    sum over partitions of end offset minus beginning offset (retained records, not the lag of
+    any group), `oldest_age_seconds` from the timestamp of each partition's first record, and
+    `expired = 0` (Kafka does not know).
+    `lag` is what a consumer group has yet to read: per partition, the end offset minus where
+    the group resumes (the destination's stored position, else the committed offset, else the
+    beginning), summed. It reads offsets without joining the group.
 """
 
 from __future__ import annotations
@@ -35,16 +41,20 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from bridge.config.models import KafkaConnection
 from bridge.errors import ConfigError, TransportError
-from bridge.protocols import CheckpointStore
+from bridge.protocols import Checkpoint, CheckpointStore
 from bridge.transports.kafka.config import client_kwargs, consumer_kwargs, producer_kwargs
 from bridge.transports.kafka.errors import kafka_errors, translate
 from bridge.transports.kafka.headers import DEFAULT_KEY
 from bridge.transports.kafka.sink import KafkaSink
-from bridge.transports.kafka.source import KafkaSource
+from bridge.transports.kafka.source import KafkaSource, checkpoint_key
 
 __all__ = ["KafkaSink", "KafkaSource", "TopicStats", "Transport"]
 
 DEFAULT_ERROR_QUEUE = "bridge.error"
+
+#: Kafka's default `message.max.bytes` (1 MiB plus the legacy log overhead): the largest
+#: record batch a topic without its own `max.message.bytes` accepts.
+BROKER_MESSAGE_MAX_BYTES = 1_048_588
 
 #: How long `peek` waits for the first record of each partition.
 _PEEK_FETCH_SECONDS = 5.0
@@ -110,10 +120,17 @@ class Transport:
     async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]:
         wanted = list(dict.fromkeys(addresses))
         shape = f"partitions={self.config.partitions} replication={self.config.replication_factor}"
+        settings = self.topic_configs()
+        shape += "".join(f" {name}={value}" for name, value in settings.items())
         if print_only:
             return [f"create topic {topic} {shape}" for topic in wanted]
         topics = [
-            NewTopic(topic, self.config.partitions, self.config.replication_factor)
+            NewTopic(
+                topic,
+                self.config.partitions,
+                self.config.replication_factor,
+                topic_configs=settings,
+            )
             for topic in wanted
         ]
         done: list[str] = []
@@ -130,6 +147,14 @@ class Transport:
             else:
                 done.append(f"created topic {topic} {shape}")
         return done
+
+    def topic_configs(self) -> dict[str, str]:
+        """The settings `install` gives a new topic: `max.message.bytes` when a record batch
+        may be larger than a stock broker takes."""
+        largest = max(self.config.max_request_size, self.config.max_batch_size)
+        if largest <= BROKER_MESSAGE_MAX_BYTES:
+            return {}
+        return {"max.message.bytes": str(largest)}
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
         existing = await self._topics()
@@ -149,6 +174,29 @@ class Transport:
             await consumer.start()
             try:
                 return await _topic_stats(consumer, address)
+            finally:
+                await consumer.stop()
+
+    async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int:
+        """Records `group` has yet to read from topic `address`; see the module docstring."""
+        consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, group))
+        with kafka_errors(f"connection {self.name!r}: lag of group {group!r} on {address!r}"):
+            await consumer.start()
+            try:
+                partitions = consumer.partitions_for_topic(address)
+                if partitions is None:
+                    raise TransportError(f"kafka connection {self.name!r}: no topic {address!r}")
+                tps = [TopicPartition(address, p) for p in sorted(partitions)]
+                begin = await consumer.beginning_offsets(tps)
+                end = await consumer.end_offsets(tps)
+                lag = 0
+                for tp in tps:
+                    position = (stored or {}).get(checkpoint_key(group, address, tp.partition))
+                    if position is None:
+                        position = await consumer.committed(tp)
+                    # an offset below the beginning resumes there (auto_offset_reset)
+                    lag += max(0, end[tp] - max(position or 0, begin[tp]))
+                return lag
             finally:
                 await consumer.stop()
 

@@ -6,10 +6,12 @@ Retriable (`TransportUnavailable`): every aiokafka error whose class says `retri
 `KafkaConnectionError` and plain `OSError`/`TimeoutError`.
 
 One message refused for good (`MessageRejected`, only when the caller names the envelope's
-index): the record is too large for the producer or the broker, the topic name is invalid, or
-the broker refused the record's timestamp. A topic that does not exist is decided by the sink
-(it lists the cluster's topics first), because `UnknownTopicOrPartitionError` on its own also
-means "created a moment ago, not visible yet" and aiokafka marks it retriable.
+index): the record is too large for the producer or the broker, or the broker refused the
+record's timestamp. An invalid topic name is the route's, not a message's: it fails the route
+(every message would otherwise be sent to the error queue). A topic that does not exist is
+decided by the sink (it lists the cluster's topics first), because
+`UnknownTopicOrPartitionError` on its own also means "created a moment ago, not visible yet"
+and aiokafka marks it retriable.
 
 Everything else (authorization, unsupported codec, fenced producer, consumer stopped) is a
 `TransportError` that retrying will not fix. Errors that already are bridge errors pass through.
@@ -24,7 +26,6 @@ from aiokafka.errors import (
     ConsumerStoppedError,
     IllegalOperation,
     InvalidTimestampError,
-    InvalidTopicError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
@@ -50,7 +51,6 @@ _PER_MESSAGE: tuple[type[BaseException], ...] = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
     RecordListTooLargeError,
-    InvalidTopicError,
     InvalidTimestampError,
 )
 

@@ -20,8 +20,8 @@ envelope without `expires_at` is carried as is, so the reader counts it from the
 timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `from_record`
 raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
 `poison_from_record`), whose error-queue copy `error_record` writes byte for byte with the
-NServiceBus failure headers appended. A header that cannot be encoded as UTF-8 (a lone
-surrogate) raises `HeadersFormatError` from `to_record`.
+NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
+(a lone surrogate) raises `HeadersFormatError` from `to_record`.
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
         headers.set(TIME_TO_BE_RECEIVED, format_timespan(timedelta(seconds=remaining)))
     try:
         encoded = [(name, None if value is None else value.encode()) for name, value in headers]
+        for name, _ in encoded:  # the producer encodes names later, where it would fail the batch
+            if not name.isascii():
+                name.encode()
         key_name = key_header(key_spec)
         key_value = None if key_name is None else headers.get(key_name)
         key = None if key_value is None else key_value.encode()

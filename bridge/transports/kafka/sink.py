@@ -21,7 +21,9 @@ Errors
     (checked before anything of the call is written), refused by the broker as too large or with
     an invalid timestamp, a header that is not UTF-8 text, or a topic that the cluster does not
     have (aiokafka waits `request_timeout_ms` for it first; `bridge check --connect` finds it up
-    front). `TransportUnavailable` for what may go away (connection, timeouts, leader changes);
+    front). The broker refuses a whole record batch: when that batch held more than one record,
+    the index is None (which record is at fault is unknown; `refused_batch`).
+    `TransportUnavailable` for what may go away (connection, timeouts, leader changes);
     `TransportError` for the rest (see `errors.py`).
 """
 
@@ -47,7 +49,7 @@ from bridge.protocols import Checkpoint
 from bridge.transports.kafka.errors import DRIVER_ERRORS, translate
 from bridge.transports.kafka.headers import Record, key_header, to_record
 
-__all__ = ["KafkaSink", "ProducerFactory", "produce"]
+__all__ = ["KafkaSink", "ProducerFactory", "produce", "refused_batch"]
 
 # The producer's own default: murmur2 of the key modulo the partition count (as the Java client),
 # a random available partition for no key.
@@ -115,22 +117,35 @@ async def produce(
         batches = await _record_batches(producer, topic, records)
     except DRIVER_ERRORS as exc:
         raise await _explain(producer, topic, what, 0, exc) from exc
-    pending: list[tuple[int, asyncio.Future[Any]]] = []
-    failure: tuple[int, BaseException] | None = None
+    pending: list[tuple[int, int, asyncio.Future[Any]]] = []
+    failure: tuple[int, int, BaseException] | None = None
     for first, partition, builder in batches:
         try:
-            pending.append((first, await producer.send_batch(builder, topic, partition=partition)))
+            sent = await producer.send_batch(builder, topic, partition=partition)
         except DRIVER_ERRORS as exc:
-            failure = (first, exc)
+            failure = (first, builder.record_count(), exc)
             break
+        pending.append((first, builder.record_count(), sent))
     # Wait for what was handed over even after a failure, so nothing is left in flight unseen.
-    results = await asyncio.gather(*(future for _, future in pending), return_exceptions=True)
-    for (first, _), result in zip(pending, results, strict=True):
+    results = await asyncio.gather(*(future for _, _, future in pending), return_exceptions=True)
+    for (first, count, _), result in zip(pending, results, strict=True):
         if isinstance(result, BaseException) and (failure is None or first < failure[0]):
-            failure = (first, result)
+            failure = (first, count, result)
     if failure is not None:
-        index, cause = failure
-        raise await _explain(producer, topic, what, index, cause) from cause
+        index, count, cause = failure
+        raise refused_batch(await _explain(producer, topic, what, index, cause), count) from cause
+
+
+def refused_batch(error: BridgeError, records: int) -> BridgeError:
+    """`error` for a record batch of `records` records that the broker refused as a whole.
+
+    The broker answers for the batch: when it held more than one record, which of them is too
+    large (or otherwise refused) is unknown, so the rejection names none and the runner sends
+    each message alone to find it, instead of blaming the batch's first, maybe innocent, one.
+    """
+    if isinstance(error, MessageRejected) and error.index is not None and records > 1:
+        return MessageRejected(str(error), index=None)
+    return error
 
 
 async def _record_batches(

@@ -9,15 +9,21 @@ Guarantees
     every newly assigned partition starts from its stored position instead of the committed
     offset, which makes Kafka -> SQL exactly-once even when Kafka commits lag or fail. Until the
     stored positions are loaded, the new partitions stay paused, so nothing is fetched from the
-    wrong place.
+    wrong place. The checkpoint is then a `FencedCheckpoint`: it also carries the position each
+    partition's batch started from (the stored one this consumer read or wrote last, None when
+    there was none), and the destination stores a position only over that one.
 
 Rebalancing
     When partitions are taken away while a batch is in hand, the revocation waits up to
-    `revoke_grace` seconds for the batch to settle, so a clean hand-over commits first. A commit
-    that still fails because the group moved on (`CommitFailedError`, partition no longer
-    assigned) is logged, not raised: the partition's next owner receives those records again
-    (duplicates only of what was in flight), or, with a checkpoint store, starts where the
-    destination says.
+    `revoke_grace` seconds (at most half the session timeout) for the batch to settle, so a
+    clean hand-over commits first. A commit that still fails because the group moved on
+    (`CommitFailedError`, partition no longer assigned) is logged, not raised: the partition's
+    next owner receives those records again (duplicates only of what was in flight). With a
+    checkpoint store there are no duplicates: of the late batch and the next owner's (or, after
+    an eager rebalance gave the partition back, this consumer's own next batch from the stored
+    position) only the first to store its positions commits; the other's send rolls back
+    (`PositionMoved`), the runner aborts it, and an aborted batch's partitions load their
+    stored positions again before anything more is fetched from them.
 
 Poison and expiry
     A record whose headers are not UTF-8 is a `PoisonMessage` in `batch.poison`; before the batch
@@ -47,7 +53,7 @@ from bridge.batch import Batch, Rejected
 from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, SettleError
-from bridge.protocols import CheckpointStore
+from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
 from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
 from bridge.transports.kafka.headers import (
     DEFAULT_KEY,
@@ -123,8 +129,8 @@ class ErrorTopic:
 
 
 class KafkaSource:
-    #: Seconds a revocation waits for the batch in hand to settle (below the rebalance timeout).
-    revoke_grace: float = 5.0
+    #: Longest wait of a revocation for the batch in hand to settle (see `revoke_grace`).
+    REVOKE_GRACE = 5.0
 
     def __init__(
         self,
@@ -144,6 +150,13 @@ class KafkaSource:
         self._store = checkpoint_store
         self._consumer: Any = None  # AIOKafkaConsumer, started on first receive
         self._unpositioned: set[TopicPartition] = set()  # waiting for their stored position
+        # With a store: the stored position each partition's next batch starts from (None: none)
+        self._expected: dict[TopicPartition, int | None] = {}
+        #: Seconds a revocation waits for the batch in hand to settle: below the rebalance
+        #: timeout, so a member holding a batch is not dropped from the group for it.
+        self.revoke_grace = min(
+            self.REVOKE_GRACE, consumer_kwargs.get("session_timeout_ms", 10_000) / 2000
+        )
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
         self._errors = ErrorTopic(producer, error_queue, topic, max_request_size)
         self._joined = False  # the group gave this consumer its (possibly empty) assignment
@@ -214,11 +227,12 @@ class KafkaSource:
         # getmany returns each partition's records in offset order
         first = {tp: rs[0].offset for tp, rs in fetched.items() if rs}
         after = {tp: rs[-1].offset + 1 for tp, rs in fetched.items() if rs}
+        checkpoint = self._checkpoint(after)
         messages, poison = read_records(records)
         try:
             await self._errors.copy_poison(poison)
         except BaseException:
-            self._rewind(first)
+            self._rewind(first, checkpoint)
             raise
         settled = self._in_hand = asyncio.Event()
         rejected: list[Rejected] = []
@@ -229,26 +243,39 @@ class KafkaSource:
                     try:
                         await self._errors.dead_letter(rejected)
                     except BaseException:
-                        self._rewind(first)  # not delivered anywhere: receive them again
+                        self._rewind(first, checkpoint)  # not delivered: receive them again
                         raise
                 await self._commit(after)
             finally:
                 settled.set()
 
         async def abort() -> None:
-            self._rewind(first)
+            self._rewind(first, checkpoint)
             settled.set()
 
         return Batch(
             messages,
             poison=[copy for _, copy in poison],
-            checkpoint={
-                checkpoint_key(self.group, tp.topic, tp.partition): n for tp, n in after.items()
-            },
+            checkpoint=checkpoint,
             on_commit=commit,
             on_abort=abort,
             rejected=rejected,
         )
+
+    def _checkpoint(self, after: dict[TopicPartition, int]) -> Checkpoint:
+        """The batch's positions; with a store, fenced on where each partition's batch started,
+        which is also where its next batch starts."""
+        positions = {
+            checkpoint_key(self.group, tp.topic, tp.partition): n for tp, n in after.items()
+        }
+        if self._store is None:
+            return positions
+        expected = {
+            checkpoint_key(self.group, tp.topic, tp.partition): self._expected.get(tp)
+            for tp in after
+        }
+        self._expected.update(after)
+        return FencedCheckpoint(positions, expected)
 
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -305,30 +332,42 @@ class KafkaSource:
                 names,
             )
 
-    def _rewind(self, first: dict[TopicPartition, int]) -> None:
+    def _rewind(self, first: dict[TopicPartition, int], checkpoint: Checkpoint) -> None:
+        """Receive the batch's records again: from its first records, or with a store from the
+        stored positions (loaded again first: another consumer may have moved them)."""
         consumer = self._consumer
         if consumer is None:
             return
         assigned = consumer.assignment()
-        for tp, offset in first.items():
-            if tp in assigned:  # a revoked partition restarts from its committed offset
-                consumer.seek(tp, offset)
+        rewound = [tp for tp in first if tp in assigned]  # a revoked one restarts elsewhere
+        for tp in rewound:
+            consumer.seek(tp, first[tp])
+        if isinstance(checkpoint, FencedCheckpoint) and rewound:
+            consumer.pause(*rewound)
+            self._unpositioned.update(rewound)
+            for tp in rewound:
+                key = checkpoint_key(self.group, tp.topic, tp.partition)
+                self._expected[tp] = checkpoint.expected.get(key)
 
     async def _seek_to_checkpoints(self) -> None:
         """Move partitions waiting for their stored position there, then let them fetch."""
         consumer = self._consumer
         if self._store is None or consumer is None or not self._unpositioned:
             return
-        waiting = self._unpositioned & consumer.assignment()
-        self._unpositioned = waiting
-        if waiting:
-            stored = await self._store.load_checkpoint(f"{self.group}/{self.topic}/")
-            for tp in waiting:
-                offset = stored.get(checkpoint_key(self.group, tp.topic, tp.partition))
-                if offset is not None:
-                    consumer.seek(tp, offset)
-            consumer.resume(*waiting)
-        self._unpositioned = set()
+        self._unpositioned &= consumer.assignment()
+        waiting = set(self._unpositioned)
+        if not waiting:
+            return
+        stored = await self._store.load_checkpoint(f"{self.group}/{self.topic}/")
+        # only those still waiting and still assigned (a rebalance may run meanwhile)
+        waiting &= self._unpositioned & consumer.assignment()
+        for tp in waiting:
+            offset = stored.get(checkpoint_key(self.group, tp.topic, tp.partition))
+            if offset is not None:
+                consumer.seek(tp, offset)
+            self._expected[tp] = offset
+        consumer.resume(*waiting)
+        self._unpositioned -= waiting
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._joined = True
@@ -343,6 +382,8 @@ class KafkaSource:
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         self._errors.forget(lambda tp, _: tp not in revoked)
+        for tp in revoked:
+            self._expected.pop(tp, None)
         settled = self._in_hand
         if not revoked or settled is None or settled.is_set():
             return
