@@ -16,7 +16,7 @@ import pytest
 
 from bridge.config.models import RabbitMQConnection
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
-from bridge.errors import MessageRejected, TransportError, TransportUnavailable
+from bridge.errors import MessageRejected, MessagesRejected, TransportError, TransportUnavailable
 from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
 from bridge.transports.rabbitmq.headers import LAYOUT, NON_PERSISTENT
@@ -226,12 +226,42 @@ async def test_an_exchange_without_a_queue_rejects_with_the_index(
     queue = names("unbound")
     channel.exchange_declare(queue, exchange_type="fanout", durable=True)
     sink = transport.sink(queue)
-    with pytest.raises(MessageRejected, match="unroutable") as caught:
+    with pytest.raises(MessagesRejected, match="unroutable") as caught:
         await sink.send([message(i) for i in range(5)])
     assert caught.value.index == 0
+    assert [r.index for r in caught.value.rejections] == [0, 1, 2, 3, 4]  # one publish names all
     await transport.install([queue])
     await sink.send([message(9)])  # the same sink goes on once the queue is bound
     assert (await transport.peek(queue)).depth == 1
+
+
+def headers_exchange(channel: Any, queue: str) -> None:
+    """`queue` behind an exchange of its name that routes only messages with header route=yes."""
+    channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    channel.exchange_declare(queue, exchange_type="headers", durable=True)
+    channel.queue_bind(queue, queue, arguments={"x-match": "all", "route": "yes"})
+
+
+async def test_every_returned_message_of_a_send_is_named_and_the_rest_is_in_the_queue(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make()
+    queue = names("partly")
+    headers_exchange(channel, queue)
+    sink = transport.sink(queue)
+    sent = [message(i, route="yes" if i % 3 == 0 else "no") for i in range(9)]
+    with pytest.raises(MessagesRejected, match="6 messages refused") as caught:
+        await sink.send(sent)
+    assert caught.value.rest_accepted
+    assert caught.value.index == 1
+    rejections = caught.value.rejections
+    assert [r.index for r in rejections] == [1, 2, 4, 5, 7, 8]
+    for rejection in rejections:
+        assert f"message {rejection.index} (id-{rejection.index}) is unroutable" in str(rejection)
+        assert "NO_ROUTE" in str(rejection)
+    got = [channel.basic_get(queue, auto_ack=True) for _ in range(3)]
+    assert [properties.message_id for _, properties, _ in got] == ["id-0", "id-3", "id-6"]
+    assert (await transport.peek(queue)).depth == 0
 
 
 async def test_direct_topology_to_a_missing_queue_rejects(
@@ -397,6 +427,39 @@ async def test_poison_goes_to_the_error_queue_byte_for_byte(
     assert properties.message_id == properties.headers[MESSAGE_ID]
 
 
+async def test_error_queue_copies_do_not_expire(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    """Copies of a poison and a rejected message that had a time to live stay in the error queue
+    after a message published ahead of them with that same time to live expired there."""
+    transport = make(topology="direct", queue_type="classic")
+    queue, errors = names("ttl"), names("errors")
+    await transport.install([queue, errors])
+    source = transport.source(queue, error_queue=errors)
+    await (await source.receive_batch(10, 0.1)).commit()  # consuming: nothing waits to expire
+    ttl = pika.BasicProperties(expiration="2000", headers={"h": b"\xff"})
+    channel.basic_publish("", queue, b"poison", ttl)
+    expiring = message(1)
+    expiring.expires_at = time.time() + 2
+    await transport.sink(queue).send([expiring])
+    batch = await source.receive_batch(10, 5.0)
+    while len(batch) < 2:
+        await batch.abort()
+        batch = await source.receive_batch(10, 5.0)
+    (rejected,) = batch.messages
+    assert rejected.expires_at is not None
+    batch.reject(rejected, MessageRejected("refused", index=0))
+    channel.basic_publish("", errors, b"ahead", pika.BasicProperties(expiration="2000"))
+    await batch.commit()
+    await depth_becomes(transport, errors, 2)  # "ahead" expired; the copies are there
+    copies = [channel.basic_get(errors, auto_ack=True) for _ in range(2)]
+    assert [body for _, _, body in copies] == [b"poison", b"body-1"]
+    for _, properties, _ in copies:
+        assert properties.expiration is None
+        assert properties.headers["NServiceBus.FailedQ"] == queue
+    await source.close()
+
+
 async def test_rejected_messages_go_to_the_error_queue(
     make: Make, names: Callable[[str], str], channel: Any
 ) -> None:
@@ -433,6 +496,79 @@ async def test_a_missing_error_queue_fails_the_commit_and_keeps_the_batch(
             await batch.commit()
     await source.close()
     await depth_becomes(transport, queue, 1)
+
+
+def refusing_queue(channel: Any, queue: str) -> None:
+    """A queue the broker nacks every publish to (a full queue that rejects, not drops; a quorum
+    queue takes one message over its limit first)."""
+    arguments = {"x-queue-type": "classic", "x-max-length": 0, "x-overflow": "reject-publish"}
+    channel.queue_declare(queue, durable=True, arguments=arguments)
+
+
+async def test_an_error_queue_that_refuses_leaves_the_poison_message_at_the_source(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    """A commit whose error-queue copy the broker nacked returns the batch at once: the next
+    batch's multiple-ack must not acknowledge the poison message with it."""
+    transport = make(queue_type="classic")
+    queue, errors = names("refused"), names("errors")
+    refusing_queue(channel, errors)
+    await transport.install([queue, errors])
+    channel.basic_publish(queue, "", b"no id", pika.BasicProperties())
+    for i in range(3):
+        channel.basic_publish(queue, "", b"fine", pika.BasicProperties(message_id=f"ok-{i}"))
+    source = transport.source(queue, error_queue=errors)
+    batch = await source.receive_batch(1, 5.0)
+    assert len(batch.poison) == 1
+    with pytest.raises(TransportUnavailable, match="refused 1 error-queue copies") as caught:
+        async with batch:
+            await batch.commit()
+    assert caught.value.retriable
+    assert batch.settled == "failed"
+    later = await source.receive_batch(10, 5.0)  # the poison message comes first again
+    while len(later) < 4:
+        await later.abort()
+        later = await source.receive_batch(10, 5.0)
+    assert len(later.poison) == 1
+    assert [e.message_id for e in later.messages] == ["ok-0", "ok-1", "ok-2"]
+    with pytest.raises(TransportUnavailable):
+        await later.commit()
+    await depth_becomes(transport, queue, 4)
+    channel.queue_delete(errors)
+    await transport.install([errors])  # now the error queue takes the copy
+    got = await receive(source, 3)
+    assert [e.message_id for e in got] == ["ok-0", "ok-1", "ok-2"]
+    await depth_becomes(transport, queue, 0)
+    await depth_becomes(transport, errors, 1)
+    _, properties, body = channel.basic_get(errors, auto_ack=True)
+    assert body == b"no id"
+    assert properties.headers["NServiceBus.FailedQ"] == queue
+
+
+async def test_a_failed_commit_of_an_older_batch_is_not_acknowledged_by_a_newer_one(
+    make: Make, names: Callable[[str], str], channel: Any
+) -> None:
+    transport = make(queue_type="classic")
+    queue, errors = names("overlapfail"), names("errors")
+    refusing_queue(channel, errors)
+    await transport.install([queue, errors])
+    channel.basic_publish(queue, "", b"no id", pika.BasicProperties())
+    channel.basic_publish(queue, "", b"fine", pika.BasicProperties(message_id="ok-1"))
+    source = transport.source(queue, error_queue=errors)
+    older = await source.receive_batch(1, 5.0)
+    newer = await source.receive_batch(1, 5.0)
+    assert len(older.poison) == 1
+    assert [e.message_id for e in newer.messages] == ["ok-1"]
+    with pytest.raises(TransportUnavailable):
+        await older.commit()
+    await newer.commit()  # acknowledges its own delivery, not the older poison one
+    await source.close()
+    await depth_becomes(transport, queue, 1)
+    again = transport.source(queue, error_queue=errors)
+    batch = await again.receive_batch(10, 5.0)
+    assert len(batch.poison) == 1 and not batch.messages
+    await batch.abort()
+    await again.close()
 
 
 async def test_install_is_idempotent_and_print_only_does_not_connect(

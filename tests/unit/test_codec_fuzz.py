@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 
 import pika
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError
-from bridge.transports.kafka.headers import from_record, poison_from_record
-from bridge.transports.rabbitmq.headers import from_amqp, poison_from_amqp
+from bridge.envelope import Envelope, Headers, PoisonMessage
+from bridge.errors import HeadersFormatError, MessageRejected
+from bridge.transports.kafka.headers import DEFAULT_KEY, from_record, poison_from_record, to_record
+from bridge.transports.rabbitmq.headers import from_amqp, poison_from_amqp, to_amqp
 from bridge.transports.sql import headers as sql_headers
 
 names = st.one_of(
@@ -128,3 +130,43 @@ def test_any_amqp_message(
 def test_any_sql_headers_column(raw: str | bytes) -> None:
     with contextlib.suppress(HeadersFormatError):
         sql_headers.decode(raw)
+
+
+#: Text with lone surrogates mixed in: a JSON escape (`\\ud800`) or a header rule can make them.
+surrogate_texts = st.text(st.characters() | st.characters(categories=["Cs"]), max_size=12)
+
+
+def utf8_can_carry(text: str | None) -> bool:
+    return text is None or not any("\ud800" <= c <= "\udfff" for c in text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(surrogate_texts, st.none() | surrogate_texts), max_size=6))
+def test_lone_surrogates_are_poison_on_read_and_rejected_on_write(
+    items: list[tuple[str, str | None]],
+) -> None:
+    """Nothing can carry a lone surrogate: a SQL column holding one as an escape is poison, and
+    an envelope holding one is refused by every codec with the error that rejects only it."""
+    column = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in items) + "}"
+    try:
+        read = sql_headers.decode(column)
+    except HeadersFormatError:
+        assert not all(utf8_can_carry(k) and utf8_can_carry(v) for k, v in items)
+    else:  # what is read can always be written again (repeated names collapse, as ever)
+        assert sql_headers.decode(sql_headers.encode(read)) == Headers(read.to_dict().items())
+
+    headers = Headers([("NServiceBus.MessageId", "s"), *items])
+    envelope = Envelope(headers, b"")
+    collapsed = headers.to_dict().items()
+    sql_ok = all(utf8_can_carry(k) and utf8_can_carry(v) for k, v in collapsed)
+    kafka_ok = all(utf8_can_carry(k) and utf8_can_carry(v) for k, v in headers)
+    for ok, codec, refusal in (
+        (sql_ok, lambda: sql_headers.encode(headers), HeadersFormatError),
+        (kafka_ok, lambda: to_record(envelope, DEFAULT_KEY, 0.0), HeadersFormatError),
+        (sql_ok, lambda: to_amqp(envelope, 0.0), MessageRejected),
+    ):
+        if ok:
+            codec()
+        else:
+            with pytest.raises(refusal):
+                codec()

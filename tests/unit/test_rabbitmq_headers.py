@@ -211,8 +211,9 @@ def test_an_envelope_without_message_id_is_rejected(message_id: str | None) -> N
         (REPLY_TO, "q" * 256),
         ("big", "v" * 200_000),
         ("bad", "lone \udc80 surrogate"),
+        ("lone \udc80 name", "v"),
     ],
-    ids=["long-name", "long-reply-to", "over-one-frame", "not-utf8"],
+    ids=["long-name", "long-reply-to", "over-one-frame", "not-utf8", "name-not-utf8"],
 )
 def test_what_amqp_cannot_carry_is_rejected(item: tuple[str, str]) -> None:
     with pytest.raises(MessageRejected):
@@ -275,6 +276,26 @@ def test_expiration_counts_from_time_sent_without_time_to_be_received() -> None:
     )
     sent = datetime(2026, 4, 29, 21, 56, 55, tzinfo=UTC).timestamp()
     assert from_amqp(wire(properties), b"").expires_at == pytest.approx(sent + 2.5)
+
+
+def test_an_expiration_past_any_date_never_expires() -> None:
+    """Found by the fuzzer: a timedelta of it overflowed, so the message could not be read."""
+    properties = pika.BasicProperties(
+        message_id="m",
+        expiration="86400000000000000",
+        headers={TIME_SENT: "2026-04-29 21:56:55:000000 Z"},
+    )
+    assert from_amqp(wire(properties), b"").expires_at is None
+
+
+@pytest.mark.parametrize("expiration", ["\u00b2", "\u0661\u0662", "12x", "-5", ""])
+def test_an_expiration_that_is_not_ascii_digits_gives_no_expiry(expiration: str) -> None:
+    """Found by the fuzzer: '²' passed str.isdigit() and int() refused it, so the message could
+    not be read."""
+    properties = pika.BasicProperties(
+        message_id="m", expiration=expiration, headers={TIME_SENT: "2026-04-29 21:56:55:000000 Z"}
+    )
+    assert from_amqp(wire(properties), b"").expires_at is None
 
 
 # -- reading what other writers sent ---------------------------------------------------------
@@ -416,6 +437,25 @@ def test_error_copy_keeps_every_property_and_adds_failure_headers() -> None:
     )
     assert copy.headers == {"bad": b"\xff", "NServiceBus.FailedQ": "Sales"}
     assert original.headers["NServiceBus.FailedQ"] == "old"
+
+
+def test_error_copy_never_expires() -> None:
+    """An error-queue copy with the original `expiration` would expire out of the error queue."""
+    original = wire(
+        pika.BasicProperties(
+            expiration="60000",
+            timestamp=1_800_000_000,
+            headers={TIME_TO_BE_RECEIVED: "00:01:00", "bad": b"\xff"},
+        )
+    )
+    copy = error_properties(original, b"raw", [("NServiceBus.FailedQ", "Sales")])
+    assert copy.expiration is None
+    assert wire(copy).expiration is None
+    assert copy.timestamp == 1_800_000_000
+    assert (
+        copy.headers[TIME_TO_BE_RECEIVED] == "00:01:00"
+    )  # kept as information, as NServiceBus does
+    assert original.expiration == "60000"
 
 
 def test_error_copy_of_a_message_without_id_gets_a_deterministic_one() -> None:

@@ -60,7 +60,12 @@ import pika
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.wireformat import format_timespan, format_timestamp, parse_timespan, parse_timestamp
+from bridge.wireformat import (
+    format_timespan,
+    format_timestamp,
+    parse_timespan,
+    timestamp_seconds,
+)
 
 __all__ = [
     "CONFIRMATION_ID",
@@ -143,7 +148,11 @@ def to_amqp(
     persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
     nulls = [name for name, value in headers.items() if value is None]
     table: dict[str, str | None] = dict(headers)
-    if nulls or not persistent or order != sorted(order, key=str.encode):
+    try:
+        byte_order = sorted(order, key=str.encode)
+    except UnicodeEncodeError as exc:
+        raise MessageRejected(f"a header name is not encodable as UTF-8: {exc}") from exc
+    if nulls or not persistent or order != byte_order:
         layout = {"order": order, "null": nulls} if nulls else {"order": order}
         table[LAYOUT] = json.dumps(layout, ensure_ascii=False, separators=(",", ":"))
     enclosed = headers.get(ENCLOSED_MESSAGE_TYPES)
@@ -285,24 +294,34 @@ def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
     )
 
 
+def _is_ascii_digits(text: str) -> bool:
+    # str.isdigit() also accepts '²' and other digits int() refuses.
+    return text.isascii() and text.isdigit()
+
+
 def _expires_at(properties: pika.BasicProperties, items: dict[str, str | None]) -> float | None:
-    sent: float | None = None
-    if isinstance(properties.timestamp, int):
-        sent = float(properties.timestamp)
-    elif items.get(TIME_SENT):
-        try:
-            sent = parse_timestamp(items[TIME_SENT] or "").timestamp()
-        except ValueError:
-            sent = None
+    # The lifetime first: most messages have none, and then TimeSent need not be read.
     lifetime: timedelta | None = None
     if items.get(TIME_TO_BE_RECEIVED):
         try:
             lifetime = parse_timespan(items[TIME_TO_BE_RECEIVED] or "")
         except ValueError:
             lifetime = None
-    elif isinstance(properties.expiration, str) and properties.expiration.isdigit():
-        lifetime = timedelta(milliseconds=int(properties.expiration))
-    if sent is None or lifetime is None or lifetime >= _FOREVER:
+    elif isinstance(properties.expiration, str) and _is_ascii_digits(properties.expiration):
+        milliseconds = int(properties.expiration)
+        if milliseconds < _FOREVER / timedelta(milliseconds=1):  # beyond: never (no overflow)
+            lifetime = timedelta(milliseconds=milliseconds)
+    if lifetime is None or lifetime >= _FOREVER:
+        return None
+    sent: float | None = None
+    if isinstance(properties.timestamp, int):
+        sent = float(properties.timestamp)
+    elif items.get(TIME_SENT):
+        try:
+            sent = timestamp_seconds(items[TIME_SENT] or "")
+        except ValueError:
+            sent = None
+    if sent is None:
         return None
     return sent + lifetime.total_seconds()
 
@@ -346,9 +365,11 @@ def error_properties(
     properties: pika.BasicProperties, body: bytes, failure: Sequence[tuple[str, str]]
 ) -> pika.BasicProperties:
     """The properties of a poison message's error-queue copy: every original property and header
-    unchanged, the failure headers ServiceControl reads added (replacing older ones), and, when
-    the message has no id at all, a deterministic one (uuid5 of its body and headers) as both
-    `message_id` and `NServiceBus.MessageId`, so ServicePulse can show and retry it.
+    unchanged but `expiration`, the failure headers ServiceControl reads added (replacing older
+    ones), and, when the message has no id at all, a deterministic one (uuid5 of its body and
+    headers) as both `message_id` and `NServiceBus.MessageId`, so ServicePulse can show and
+    retry it. An error-queue copy never expires (NServiceBus sends it without a time to be
+    received): with the original `expiration` it would vanish from the error queue unseen.
     """
     table: dict[str | bytes, object] = dict(properties.headers or {})
     message_id = properties.message_id
@@ -363,6 +384,7 @@ def error_properties(
     )
     copy.headers = table
     copy.message_id = message_id
+    copy.expiration = None
     return copy
 
 

@@ -10,10 +10,12 @@ Guarantees
 
 Failures
     An envelope AMQP cannot carry (no `NServiceBus.MessageId`, a name over 255 bytes, headers
-    over one frame) raises `MessageRejected` with its index before anything is published. A
-    message the broker returned as unroutable (no queue bound to the exchange, no queue of that
-    name) raises `MessageRejected` with the index of the first one returned, after every
-    confirm arrived; so does a body over the broker's `max_message_size`. A nack, a lost
+    over one frame) raises `MessageRejected` with its index before anything is published.
+    Messages the broker returned as unroutable (no queue bound to the exchange, no queue of that
+    name) raise, after every confirm arrived, one `MessagesRejected` with a `MessageRejected`
+    for each returned index, and `rest_accepted` when the broker confirmed every other message
+    of the call (none was nacked): those are in the queue and must not be sent again. A body
+    over the broker's `max_message_size` raises `MessageRejected` with its index. A nack, a lost
     connection or a confirm that does not come within `CONFIRM_TIMEOUT` raises
     `TransportUnavailable`: the messages may or may not be in the queue, so a retry can
     duplicate them (at-least-once). An exchange that does not exist (404) is a `TransportError`.
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 
 from bridge.config.models import RabbitMQConnection
 from bridge.envelope import Envelope
-from bridge.errors import MessageRejected, TransportUnavailable
+from bridge.errors import MessageRejected, MessagesRejected, TransportUnavailable
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.config import (
     CONFIRM_TIMEOUT,
@@ -74,15 +76,18 @@ class RabbitMQSink:
                 self._exchange, self._routing_key, messages, timeout=CONFIRM_TIMEOUT
             )
         if outcome.returned:
-            index = outcome.returned[0]
             target = (
                 f"exchange {self._exchange!r}" if self._exchange else f"queue {self._routing_key!r}"
             )
-            raise MessageRejected(
-                f"{self._where}: message {index} is unroutable: no queue takes messages from "
-                f"{target} {outcome.return_text}",
-                index=index,
-            )
+            rejections = [
+                MessageRejected(
+                    f"{self._where}: message {index} ({messages[index][0].message_id}) is "
+                    f"unroutable: no queue takes messages from {target} {outcome.return_text}",
+                    index=index,
+                )
+                for index in outcome.returned
+            ]
+            raise MessagesRejected(rejections, rest_accepted=not outcome.nacked)
         if outcome.nacked:
             raise TransportUnavailable(
                 f"{self._where}: the broker refused {outcome.nacked} of {len(messages)} messages"

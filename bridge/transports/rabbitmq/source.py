@@ -23,10 +23,15 @@ Poison
     published to `error_queue` (default `bridge.error`, same broker, a connection of its own
     opened when first needed, publisher confirms) byte for byte: body, properties and headers
     unchanged, plus the failure headers ServiceControl reads (`bridge.deadletter`) and, when it
-    has no id at all, a deterministic one. Messages the runner rejected with `batch.reject` go
-    there as `bridge.deadletter.error_copy` makes them. Only then is the batch acknowledged: a
-    crash in between leaves a duplicate in the error queue, never a loss. An error queue that
-    does not take the copies fails the commit with `TransportError` and the batch stays.
+    has no id at all, a deterministic one; only `expiration` is dropped (an error-queue copy
+    never expires). Messages the runner rejected with `batch.reject` go there as
+    `bridge.deadletter.error_copy` makes them (without a time to live either). Only then is the
+    batch acknowledged: a crash in between leaves a duplicate in the error queue, never a loss.
+    An error queue that does not take the copies (missing: `TransportError`; the broker nacks
+    them, e.g. a full queue with `x-overflow: reject-publish`: `TransportUnavailable`) fails
+    the commit, and the batch's deliveries go back to the queue before it raises, as `abort()`
+    returns them: left unacknowledged on the channel, the next batch's
+    `basic.ack(multiple=True)` would take them.
 
 What is lossy
     Nothing at the source: a message leaves the queue only by an acknowledgement. Expired
@@ -203,22 +208,21 @@ class RabbitMQSource:
         async def commit() -> None:
             try:
                 await self._move_to_error_queue(poison, rejected)
+            except BaseException:
+                # Not acknowledged, so not committed: the deliveries go back now. Left unsettled
+                # on the channel, the next batch's multiple-ack would acknowledge them too.
+                try:
+                    await self._return(held)
+                except Exception as exc:  # the error-queue failure is the one to report
+                    log.warning("%s: returning a failed batch: %s", self._where, exc)
+                raise
+            try:
                 await self._settle(held, self._ack_pairs(held), ack=True)
             finally:
                 self._release(held)
 
         async def abort() -> None:
-            try:
-                if self._others(held):
-                    await self._settle(held, [(t, False) for t in held.tags], ack=False)
-                else:
-                    await self._requeue_everything(held.consumer)
-            except TransportUnavailable as exc:
-                # The channel or connection is gone (or was closed after a timeout): the broker
-                # returns every unacknowledged delivery by itself, which is what abort wants.
-                log.info("%s: abort: %s", self._where, exc)
-            finally:
-                self._release(held)
+            await self._return(held)
 
         return Batch(
             messages,
@@ -338,9 +342,27 @@ class RabbitMQSource:
 
         await self._link.run(requeue, what="requeue")
 
+    async def _return(self, held: _Held) -> None:
+        """Give the batch's deliveries back to the queue (abort, or a commit that failed).
+
+        The batch stays held until its deliveries are back or its channel is gone, so no
+        multiple-ack of a later batch can cover them.
+        """
+        try:
+            if self._others(held):
+                await self._settle(held, [(t, False) for t in held.tags], ack=False)
+            else:
+                await self._requeue_everything(held.consumer)
+        except TransportUnavailable as exc:
+            # The channel or connection is gone (or was closed after a timeout): the broker
+            # returns every unacknowledged delivery by itself, which is what abort wants.
+            log.info("%s: abort: %s", self._where, exc)
+        self._release(held)
+
     def _release(self, held: _Held) -> None:
-        with contextlib.suppress(ValueError):
-            self._held.remove(held)
+        # Batches of a channel that is gone were returned by the broker: forget them too.
+        epoch = self._link.epoch
+        self._held = [h for h in self._held if h is not held and h.consumer.epoch == epoch]
 
     # -- error queue -------------------------------------------------------------------------
 
