@@ -5,6 +5,11 @@ delivery tags or open transaction; nothing of those leaks to the runner. Leaving
 `async with` block without `commit()` aborts; settling twice raises `SettleError` (kombu's
 `MessageStateError`).
 
+An `on_commit` that raises must leave every message of the batch at its source (roll back,
+rewind, return the deliveries) before it raises. Such a batch is settled as "failed", not
+"committed": a later `commit()` or `abort()` raises `SettleError` and leaving the block does not
+abort it again (a second return could settle what the transport already handed back).
+
 `reject(envelope, error)` marks a message the destination refused for good; the transport's
 `on_commit` moves every rejected message to its error queue (inside the same transaction where
 it has one) before it removes the batch from the source. It reads them from `rejected`, a list
@@ -73,7 +78,11 @@ class Batch:
 
     async def commit(self) -> None:
         self._settle("commit", "committed")
-        await self._on_commit()
+        try:
+            await self._on_commit()
+        except BaseException:
+            self.settled = "failed"
+            raise
 
     async def abort(self) -> None:
         self._settle("abort", "aborted")

@@ -2,10 +2,27 @@
 
 ServiceControl and ServicePulse read these headers, and their "retry" sends the message back
 to `NServiceBus.FailedQ`, the source address in its transport's canonical form, where the
-bridge picks it up again. The body is never changed. A poison message whose headers could not
-be read at all keeps its raw headers unchanged (wire-format §5) where the error queue's
-transport can store them so (SQL), and carries them in `NServiceBus.Bridge.RawHeaders`
-elsewhere.
+bridge picks it up again. The body is never changed.
+
+Poison messages (headers that cannot be read at all)
+    Kafka and RabbitMQ error copies keep the original headers byte for byte and append the
+    failure headers (`kafka/headers.py`, `rabbitmq/headers.py`). A SQL Headers column that is
+    not a JSON object cannot take headers added to it, so `error_copy` makes a new, valid
+    headers object: the failure headers, `NServiceBus.MessageId` (the row's native id when
+    nothing readable names one, as NServiceBus does for a message without that header) and the
+    raw column text verbatim in `NServiceBus.Bridge.RawHeaders` (text that is not valid UTF-8
+    gets replacement characters).
+
+Retrying a poison copy
+    ServicePulse's retry sends the copy back to FailedQ with the failure headers removed, so
+    its headers are the `NServiceBus.Bridge.RawHeaders` header, the message id and
+    ServiceControl's retry headers. Its original headers are still unreadable: forwarding it
+    would hand the destination a message with none of them. A SQL source therefore treats a
+    row carrying `NServiceBus.Bridge.RawHeaders` as poison again (`returned_poison`): it goes
+    back to the error queue with the same raw headers and message id, the ServiceControl retry
+    headers (so ServiceControl sees the retry failed) and fresh failure headers. It is
+    forwarded once someone repairs it (ServicePulse's "edit and retry": put readable headers in
+    place and remove `NServiceBus.Bridge.RawHeaders`).
 """
 
 from __future__ import annotations
@@ -14,10 +31,11 @@ import socket
 import traceback
 from datetime import UTC, datetime
 
-from bridge.envelope import Envelope, PoisonMessage
+from bridge.envelope import MESSAGE_ID, Envelope, PoisonMessage
+from bridge.errors import HeadersFormatError
 from bridge.wireformat import format_timestamp
 
-__all__ = ["RAW_HEADERS", "error_copy", "failure_headers"]
+__all__ = ["RAW_HEADERS", "error_copy", "failure_headers", "returned_poison"]
 
 RAW_HEADERS = "NServiceBus.Bridge.RawHeaders"
 MAX_MESSAGE = 16_384
@@ -63,14 +81,43 @@ def error_copy(
     """An envelope for the error queue: the original headers plus the failure headers."""
     headers = item.headers.copy()
     if isinstance(item, PoisonMessage):
-        raw = item.raw_headers
-        if raw is not None:
-            headers.set(
-                RAW_HEADERS, raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
-            )
+        if item.raw_headers is not None:
+            headers.set(RAW_HEADERS, _text(item.raw_headers))
+        if headers.get(MESSAGE_ID) is None and item.native_id:
+            headers.set(MESSAGE_ID, item.native_id)
         added = failure_headers(item.reason, failed_q, exception_type=item.exception_type)
     else:
         added = failure_headers(error, failed_q)
     for name, value in added:
         headers.set(name, value)
     return Envelope(headers, item.body, native_id=item.native_id)
+
+
+def returned_poison(envelope: Envelope) -> PoisonMessage | None:
+    """The poison message `envelope` still is when it carries `NServiceBus.Bridge.RawHeaders`
+    (a poison copy sent back by a retry, see the module docstring); None otherwise."""
+    raw = envelope.headers.get(RAW_HEADERS)
+    if raw is None:
+        return None
+    return PoisonMessage(
+        raw_headers=raw,
+        body=envelope.body,
+        reason=(
+            f"the message's original headers cannot be read; they are kept in {RAW_HEADERS}: "
+            f"repair them and remove {RAW_HEADERS} to forward it"
+        ),
+        exception_type=HeadersFormatError.__name__,  # as the first copy had it
+        native_id=envelope.native_id,
+        headers=envelope.headers.copy(),
+    )
+
+
+def _text(raw: str | bytes) -> str:
+    """Raw headers as a header value: verbatim when they are valid text."""
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: no destination can store them
+        return raw.encode("utf-8", "replace").decode("utf-8")
+    return raw

@@ -6,11 +6,14 @@ Transport packages translate their driver's exceptions into these in one place e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "BridgeError",
     "ConfigError",
     "HeadersFormatError",
     "MessageRejected",
+    "MessagesRejected",
     "SettleError",
     "TransportError",
     "TransportUnavailable",
@@ -50,11 +53,31 @@ class TransportUnavailable(TransportError):
 
 
 class MessageRejected(TransportError):
-    """The destination refused one message for good (too large, unroutable): error queue."""
+    """The destination refused one message for good (too large, unroutable): error queue.
+
+    `index` is its position in the `send` call, None when the sink cannot say which.
+    """
 
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index
+
+
+class MessagesRejected(MessageRejected):
+    """Messages of one `send` the destination refused for good, after it settled the whole call.
+
+    `rejections` has one `MessageRejected` with its index for each refused message. With
+    `rest_accepted` the destination durably accepted every other message of the call (a RabbitMQ
+    publish confirmed them), so they must not be sent again; without it they must. As a plain
+    `MessageRejected` it names the first refused message.
+    """
+
+    def __init__(self, rejections: Sequence[MessageRejected], *, rest_accepted: bool) -> None:
+        first, count = rejections[0], len(rejections)
+        text = str(first) if count == 1 else f"{count} messages refused; the first: {first}"
+        super().__init__(text, index=first.index)
+        self.rejections = tuple(rejections)
+        self.rest_accepted = rest_accepted
 
 
 class SettleError(BridgeError):

@@ -10,7 +10,10 @@ ReceivedBatch
     `messages` (forwardable), `poison` (never forwardable as is, kept byte for byte),
     `expired` (how many expired messages the receive dropped: they leave with the commit).
     `checkpoint` is an opaque source position (Kafka offsets) that a sink supporting
-    transactional checkpoints stores with the rows. Settling twice raises `SettleError`.
+    transactional checkpoints stores with the rows; a `FencedCheckpoint` also says where each
+    position stood when the batch was received, and such a sink stores it only over that one.
+    Settling twice raises `SettleError`. A `commit()` that raises has left every message of
+    the batch at the source (the batch is then settled as failed: nothing may settle it again).
     `reject(envelope, error)` marks a message refused for good: at commit the source moves it
     to its error queue (see bridge/deadletter.py for the copy), in the same transaction where
     the source has one.
@@ -19,7 +22,9 @@ Sink
     `send(envelopes, checkpoint)` returns only once the destination has durably accepted every
     envelope (SQL commit, Kafka acks=all, RabbitMQ publisher confirm). It raises
     `TransportUnavailable` (retriable) or `MessageRejected` (one message refused for good, with
-    its index) and never swallows a write failure.
+    its index, or None when the destination does not say which: the runner then sends each
+    message alone; `MessagesRejected` names several, and says whether the destination accepted
+    the others of the call) and never swallows a write failure.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from bridge.envelope import Envelope, PoisonMessage
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "FencedCheckpoint",
+    "GroupLag",
     "QueueStats",
     "ReceivedBatch",
     "Sink",
@@ -43,6 +50,18 @@ __all__ = [
 
 #: Source positions to resume from, e.g. {"orders/0": 42} for Kafka topic/partition -> offset.
 Checkpoint = Mapping[str, int]
+
+
+class FencedCheckpoint(dict[str, int]):
+    """Positions to store (name -> next position), each only over `expected[name]`: the
+    position its batch started from (None: none stored yet). A store that finds another one
+    there rolls the whole send back and raises a retriable error: another consumer of the
+    partition stored it first (a rebalance moved it while this batch was in hand), so the
+    source must receive again from the stored position."""
+
+    def __init__(self, positions: Mapping[str, int], expected: Mapping[str, int | None]) -> None:
+        super().__init__(positions)
+        self.expected: dict[str, int | None] = dict(expected)
 
 
 class ReceivedBatch(Protocol):
@@ -96,6 +115,18 @@ class CheckpointStore(Protocol):
     """Where a sink keeps source positions next to the rows it wrote (exactly-once)."""
 
     async def load_checkpoint(self, prefix: str) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class GroupLag(Protocol):
+    """A transport whose sources read in consumer groups (Kafka): how far a group is behind.
+
+    `lag` is, summed over the address's partitions, the end offset minus where the group would
+    resume: its position in `stored` (a destination's checkpoints, exactly-once) when there is
+    one, else its committed offset, else the beginning.
+    """
+
+    async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int: ...
 
 
 class QueueStats(Protocol):

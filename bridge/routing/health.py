@@ -4,7 +4,8 @@ Served by the standard library's threading HTTP server on a daemon thread, readi
 that the event loop writes (plain attribute reads; no locks needed for a status page).
 
 - `/healthz`: 200 while the process runs.
-- `/readyz`: 200 when every route is running (connected, not in backoff), else 503 with why.
+- `/readyz`: 200 when every route is running (its source and destination reached, no loop in
+  backoff), else 503 with each waiting route and its state.
 - `/metrics`: Prometheus text from the prometheus_client registry the OpenTelemetry reader feeds.
 - `/routes`: JSON with each route's state, counters and last error.
 """

@@ -7,11 +7,24 @@ Guarantees
     (or return to) the source. Memory is bounded by `batch_size * concurrency`: a loop does not
     receive again before its batch is settled, so a slow destination slows the source.
 
+State
+    Each loop has its own state and the route's is derived from them: `backoff` when any loop
+    is in backoff, `running` only when every loop is, else `starting`. A loop is running once
+    its `probe` (reaching the source and the destination) has passed and a receive returned:
+    a sink that connects at its first send, behind an empty source, cannot make an unreachable
+    destination look ready. The probe runs when the loop starts and again after each backoff,
+    not per batch.
+
 Failures
     A retriable error (`retriable = True` on the exception) puts the loop into backoff
     (capped exponential, jittered) and it retries on its own. Any other error is retried the same
     way while the service runs, with the route shown as failing; with `stop_on_fatal` (the
     `--until-idle` mode) it stops the route instead, so a drain does not spin forever.
+
+Logs
+    State changes (INFO), each failure with its retry (WARNING) and each batch that sent
+    messages to the error queue (one WARNING per batch: how many, where, the first reason);
+    never a line per message. They carry `route` (and `state`) as structured fields.
 """
 
 from __future__ import annotations
@@ -20,12 +33,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bridge.config.models import Route
 from bridge.envelope import Envelope
-from bridge.errors import MessageRejected
+from bridge.errors import MessageRejected, MessagesRejected
 from bridge.protocols import ReceivedBatch, Sink, Source
 from bridge.routing.retry import Backoff
 from bridge.routing.translate import Translator
@@ -38,6 +51,8 @@ log = logging.getLogger("bridge.route")
 
 #: Opens one loop's own source and sink (each loop has its own connections).
 Endpoints = Callable[[], tuple[Source, Sink]]
+#: Reaches the route's source and destination; raises as a send would when either is not there.
+Probe = Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -46,6 +61,7 @@ class RouteStats:
     expired: int = 0
     poison: int = 0
     retried: int = 0
+    retried_messages: int = 0
     batches: int = 0
     state: str = "starting"
     last_error: str | None = None
@@ -65,15 +81,19 @@ class RouteRunner:
         stop_on_fatal: bool = False,
         metrics: RouteMetrics | None = None,
         tracing: RouteTracing | None = None,
+        probe: Probe | None = None,
     ) -> None:
         self.route = route
         self._endpoints = endpoints
         self._poll_timeout = poll_timeout
         self._stop_on_fatal = stop_on_fatal
+        self._probe = probe
         self._translate = Translator(route)
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
+        self._loop_states = ["starting"] * route.concurrency
+        self._in_hand = [0] * route.concurrency  # messages each loop has received, not settled
         self._polled_at: float | None = None
         self.stats = RouteStats()
         self.metrics = metrics or Metrics().for_route(route.name)
@@ -108,26 +128,51 @@ class RouteRunner:
             self._set_state("stopped")
 
     def _set_state(self, state: str) -> None:
-        if self.stats.state != state:
-            log.info("route %s: %s -> %s", self.route.name, self.stats.state, state)
+        old = self.stats.state
+        if old != state:
+            log.info(
+                "route %s: %s -> %s",
+                self.route.name,
+                old,
+                state,
+                extra={"route": self.route.name, "state": state, "previous_state": old},
+            )
             self.stats.state = state
+
+    def _set_loop_state(self, index: int, state: str) -> None:
+        """One loop's state; the route's follows from all of them (see the module docstring)."""
+        self._loop_states[index] = state
+        if self.stats.state in ("failed", "stopped"):
+            return
+        if "backoff" in self._loop_states:
+            self._set_state("backoff")
+        elif all(s == "running" for s in self._loop_states):
+            self._set_state("running")
+        else:
+            self._set_state("starting")
 
     async def _loop(self, index: int) -> None:
         source, sink = self._endpoints()
         backoff = Backoff()
+        reached = self._probe is None
         try:
             while not self._stopping.is_set():
                 try:
-                    await self._forward_one_batch(source, sink)
+                    if not reached and self._probe is not None:
+                        await self._probe()
+                        reached = True
+                    await self._forward_one_batch(index, source, sink)
                     self._mark_polled(index, source)
                     backoff.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
+                    aborted, self._in_hand[index] = self._in_hand[index], 0
                     if not getattr(exc, "retriable", False) and self._stop_on_fatal:
                         self.fatal = exc
                         self._set_state("failed")
                         self.stop()
                         return
-                    await self._back_off(exc, backoff)
+                    reached = self._probe is None
+                    await self._back_off(index, exc, backoff, aborted)
         finally:
             await _close(source, sink)
 
@@ -145,31 +190,33 @@ class RouteRunner:
             self._not_ready.add(index)
             self._polled_at = None
 
-    async def _forward_one_batch(self, source: Source, sink: Sink) -> None:
+    async def _forward_one_batch(self, index: int, source: Source, sink: Sink) -> None:
         batch = await source.receive_batch(self.route.batch_size, self._poll_timeout)
         async with batch:
-            if not batch.messages and not batch.poison and not batch.expired:
-                if self.stats.state in ("starting", "backoff"):
-                    self._set_state("running")
+            if batch.messages or batch.poison or batch.expired:
+                self._busy += 1
+                count = self._in_hand[index] = len(batch.messages) + len(batch.poison)
+                started = time.perf_counter()
+                self.metrics.received(count)
+                try:
+                    await self._forward(batch, sink)
+                finally:
+                    self.metrics.settled(count, started)
+                    self._busy -= 1
+                    self.stats.last_activity = time.monotonic()
+                self._in_hand[index] = 0
+            else:
                 await batch.commit()
-                return
-            self._busy += 1
-            count = len(batch.messages) + len(batch.poison)
-            started = time.perf_counter()
-            self.metrics.received(count)
-            try:
-                await self._forward(batch, sink)
-            finally:
-                self.metrics.settled(count, started)
-                self._busy -= 1
-                self.stats.last_activity = time.monotonic()
+        if self._loop_states[index] != "running":
+            self._set_loop_state(index, "running")
 
     async def _forward(self, batch: ReceivedBatch, sink: Sink) -> None:
         now = time.time()
         originals = [e for e in batch.messages if e.expires_at is None or e.expires_at > now]
         expired = batch.expired + len(batch.messages) - len(originals)
+        refused: list[BaseException] = []
         with self.tracing.batch(originals):
-            live = await self._send(batch, sink, originals)
+            live = await self._send(batch, sink, originals, refused)
             await batch.commit()
         failed = len(batch.poison) + len(originals) - len(live)
         stats = self.stats
@@ -178,16 +225,43 @@ class RouteRunner:
         stats.poison += failed
         stats.batches += 1
         self.metrics.forwarded(live, expired, failed)
-        if stats.state != "running":
-            self._set_state("running")
+        if failed:
+            self._log_error_queue(failed, batch, refused)
+
+    def _log_error_queue(
+        self, failed: int, batch: ReceivedBatch, refused: list[BaseException]
+    ) -> None:
+        """One line per batch, never per message: how many, where, and the first reason."""
+        reason = batch.poison[0].reason if batch.poison else str(refused[0]) if refused else "?"
+        route = self.route
+        log.warning(
+            "route %s: %d message(s) moved to error queue %s on connection %s: %s",
+            route.name,
+            failed,
+            route.error_queue_name,
+            route.from_.connection,
+            reason,
+            extra={
+                "route": route.name,
+                "state": self.stats.state,
+                "error_queue": route.error_queue_name,
+                "failed": failed,
+            },
+        )
 
     async def _send(
-        self, batch: ReceivedBatch, sink: Sink, originals: list[Envelope]
+        self,
+        batch: ReceivedBatch,
+        sink: Sink,
+        originals: list[Envelope],
+        refused: list[BaseException],
     ) -> list[Envelope]:
         """Send the batch; a message refused for good is rejected and the rest sent again.
 
-        Returns what the destination accepted. When the sink cannot say which message it
-        refused, each is sent alone to find out.
+        Returns what the destination accepted; `refused` gets the reason of each rejection.
+        When the sink cannot say which message it refused, each is sent alone to find out; when
+        it says it accepted the rest (`MessagesRejected.rest_accepted`), the rest is not sent
+        again.
         """
         if self._translate.identity and not self.tracing.enabled:
             pairs = [(original, original) for original in originals]  # nothing to rewrite
@@ -200,17 +274,37 @@ class RouteRunner:
                     await sink.send([out for _, out in pairs], batch.checkpoint)
                 return [out for _, out in pairs]
             except MessageRejected as exc:
-                if exc.index is not None and 0 <= exc.index < len(pairs):
-                    batch.reject(pairs.pop(exc.index)[0], exc)
+                named = self._refused(exc, len(pairs))
+                if named:
+                    for index, rejection in sorted(named.items()):
+                        batch.reject(pairs[index][0], rejection)
+                        refused.append(rejection)
+                    pairs = [pair for i, pair in enumerate(pairs) if i not in named]
+                    if isinstance(exc, MessagesRejected) and exc.rest_accepted:
+                        if batch.checkpoint:
+                            await sink.send([], batch.checkpoint)
+                        return [out for _, out in pairs]
                     continue
                 if len(pairs) <= 1:
                     if pairs:
                         batch.reject(pairs.pop()[0], exc)
+                        refused.append(exc)
                     continue
-            return await self._send_one_by_one(batch, sink, pairs)
+            return await self._send_one_by_one(batch, sink, pairs, refused)
+
+    @staticmethod
+    def _refused(exc: MessageRejected, count: int) -> dict[int, MessageRejected]:
+        """Each refused message's index and error; empty when `exc` does not name them all."""
+        each = exc.rejections if isinstance(exc, MessagesRejected) else (exc,)
+        refused = {r.index: r for r in each if r.index is not None and 0 <= r.index < count}
+        return refused if len(refused) == len(each) else {}
 
     async def _send_one_by_one(
-        self, batch: ReceivedBatch, sink: Sink, pairs: list[tuple[Envelope, Envelope]]
+        self,
+        batch: ReceivedBatch,
+        sink: Sink,
+        pairs: list[tuple[Envelope, Envelope]],
+        refused: list[BaseException],
     ) -> list[Envelope]:
         accepted = []
         for original, out in pairs:
@@ -219,20 +313,26 @@ class RouteRunner:
                 accepted.append(out)
             except MessageRejected as exc:
                 batch.reject(original, exc)
+                refused.append(exc)
         if batch.checkpoint:
             await sink.send([], batch.checkpoint)
         return accepted
 
-    async def _back_off(self, exc: Exception, backoff: Backoff) -> None:
+    async def _back_off(self, index: int, exc: Exception, backoff: Backoff, aborted: int) -> None:
+        """Wait before the loop tries again; `aborted` messages went back to the source."""
         self.stats.retried += 1
-        self.metrics.retried()
+        self.stats.retried_messages += aborted
+        self.metrics.retried(aborted)
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
         self.stats.last_error_at = time.time()
         delay = backoff.next_delay()
-        if self.stats.state != "backoff":
-            self._set_state("backoff")
+        self._set_loop_state(index, "backoff")
         log.warning(
-            "route %s: %s; retrying in %.2fs", self.route.name, self.stats.last_error, delay
+            "route %s: %s; retrying in %.2fs",
+            self.route.name,
+            self.stats.last_error,
+            delay,
+            extra={"route": self.route.name, "state": self.stats.state},
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)

@@ -3,6 +3,10 @@
 SIGTERM/SIGINT: every loop finishes the batch in hand, commits, and the process exits 0.
 `until_idle`: exit 0 once every route has received nothing for that many seconds; a route that
 fails for good in that mode makes the run exit 1.
+
+Each route's readiness probe is its transports' `check` of its source and destination. Every
+`depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
+group's lag for a Kafka topic (from the destination's stored positions when it keeps them).
 """
 
 from __future__ import annotations
@@ -14,9 +18,16 @@ import signal
 from collections.abc import Sequence
 
 from bridge.config.models import BridgeConfig, Route
-from bridge.protocols import CheckpointStore, Sink, Source, TransactionalSource, Transport
+from bridge.protocols import (
+    CheckpointStore,
+    GroupLag,
+    Sink,
+    Source,
+    TransactionalSource,
+    Transport,
+)
 from bridge.routing.health import HealthServer
-from bridge.routing.runner import RouteRunner
+from bridge.routing.runner import Probe, RouteRunner
 from bridge.telemetry.metrics import Metrics
 from bridge.transports import load
 
@@ -33,12 +44,15 @@ class Supervisor:
         *,
         until_idle: float | None = None,
         poll_timeout: float = 1.0,
+        depth_every: float = 15.0,
     ) -> None:
         self.config = config
         self.routes = [r for r in config.routes if not routes or r.name in routes]
         self.until_idle = until_idle
         self.poll_timeout = poll_timeout if until_idle is None else min(poll_timeout, until_idle)
+        self.depth_every = depth_every
         self.transports: dict[str, Transport] = {}
+        self._position_stores: dict[str, CheckpointStore | None] = {}
         self.runners: list[RouteRunner] = []
         self.metrics = Metrics.setup()
         self.http: HealthServer | None = None
@@ -77,7 +91,44 @@ class Supervisor:
             poll_timeout=self.poll_timeout,
             stop_on_fatal=self.until_idle is not None,
             metrics=self.metrics.for_route(route.name),
+            probe=self._probe(route),
         )
+
+    def _probe(self, route: Route) -> Probe:
+        """Reach the route's source and destination, as `bridge check --connect` does."""
+        wanted: dict[str, list[str]] = {}
+        for connection, address in (
+            (route.from_.connection, route.from_.address),
+            (route.to.connection, route.to.address),
+        ):
+            wanted.setdefault(connection, []).append(address)
+
+        async def probe() -> None:
+            for connection, addresses in wanted.items():
+                await self._transport(connection).check(addresses)
+
+        return probe
+
+    async def _depth(self, route: Route) -> int:
+        source = self._transport(route.from_.connection)
+        group = route.from_.group
+        if group is None or not isinstance(source, GroupLag):
+            return (await source.peek(route.from_.address)).depth
+        store = self._position_store(route)
+        stored = None
+        if store is not None:
+            stored = await store.load_checkpoint(f"{group}/{route.from_.address}/")
+        return await source.lag(route.from_.address, group, stored)
+
+    def _position_store(self, route: Route) -> CheckpointStore | None:
+        """Where the route's source positions are stored with its rows (exactly-once), if any."""
+        if route.name not in self._position_stores:
+            store = None
+            if route.from_.connection != route.to.connection:
+                sink = self._transport(route.to.connection).sink(route.to.address, key=route.key)
+                store = sink if isinstance(sink, CheckpointStore) else None
+            self._position_stores[route.name] = store
+        return self._position_stores[route.name]
 
     def stop(self) -> None:
         if not self._stopping.is_set():
@@ -96,18 +147,17 @@ class Supervisor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=min(0.1, self.until_idle))
 
-    async def _watch_depths(self, every: float = 15.0) -> None:
-        """Peek each route's source now and then for the depth gauge; failures only log."""
+    async def _watch_depths(self) -> None:
+        """Refresh each route's source depth gauge now and then; failures only log."""
         while not self._stopping.is_set():
             for runner in self.runners:
                 route = runner.route
                 try:
-                    stats = await self._transport(route.from_.connection).peek(route.from_.address)
-                    self.metrics.set_depth(route.name, stats.depth)
-                except Exception as exc:  # a failed peek must never disturb the routes
+                    self.metrics.set_depth(route.name, await self._depth(route))
+                except Exception as exc:  # a failed look must never disturb the routes
                     log.debug("depth of %s unavailable: %s", route.name, exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=every)
+                await asyncio.wait_for(self._stopping.wait(), timeout=self.depth_every)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -137,5 +187,6 @@ class Supervisor:
                 await transport.close()
         failed = [r for r in self.runners if r.fatal is not None]
         for runner in failed:
-            log.error("route %s failed: %s", runner.route.name, runner.fatal)
+            name = runner.route.name
+            log.error("route %s failed: %s", name, runner.fatal, extra={"route": name})
         return 1 if failed else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -46,6 +47,7 @@ SECRET = "s3cret"
 
 
 def write_routes(path: Path, port: int, destination: str) -> Path:
+    where = "topic" if destination == "kafka" else "queue"
     path.write_text(
         textwrap.dedent(
             f"""\
@@ -54,23 +56,40 @@ def write_routes(path: Path, port: int, destination: str) -> Path:
               a: {{type: sqlite, path: "{path.parent / "a.db"}"}}
               b: {{type: sqlite, path: "{path.parent / "b.db"}"}}
               down: {{type: postgresql, dsn: "postgresql://postgres:{SECRET}@127.0.0.1:1/x"}}
+              postgresql: {{type: postgresql, dsn: "postgresql://postgres:{SECRET}@127.0.0.1:1/x"}}
+              rabbitmq: {{type: rabbitmq, url: "amqp://guest:{SECRET}@127.0.0.1:1/%2F"}}
+              kafka: {{type: kafka, bootstrap_servers: "127.0.0.1:1", idempotence: false}}
             routes:
               - name: a-to-{destination}
                 from: {{connection: a, queue: In}}
-                to: {{connection: {destination}, queue: Out}}
+                to: {{connection: {destination}, {where}: Out}}
             """
         )
     )
     return path
 
 
+#: Rows written as a broken or late producer leaves them: unreadable headers, long expired.
+POISON = ("not json", None)
+EXPIRED = ('{"NServiceBus.MessageId": "late"}', "2000-01-01T00:00:00.000Z")
+
+
 @contextmanager
-def service(tmp_path: Path, destination: str, count: int) -> Iterator[int]:
-    """`bridge run` of one route from SQLite to `destination`, with `count` messages waiting."""
+def service(
+    tmp_path: Path, destination: str, count: int, rows: tuple[tuple[str, str | None], ...] = ()
+) -> Iterator[int]:
+    """`bridge run` of one route from SQLite to `destination`, with `count` messages waiting
+    (after `rows`: raw (headers, expires) rows of the source table)."""
     setup = write_routes(tmp_path / "setup.yaml", 0, "b")
     subprocess.run([*BRIDGE, "install", "-c", str(setup)], check=True, capture_output=True)
-    send = [*BRIDGE, "send", "a", "In", "--count", str(count), "-c", str(setup)]
-    subprocess.run(send, check=True, capture_output=True)
+    with sqlite3.connect(tmp_path / "a.db") as db:
+        db.executemany(
+            "INSERT INTO \"In\" (id, headers, expires, body) VALUES (?, ?, ?, x'00')",
+            [(f"raw-{i}", headers, expires) for i, (headers, expires) in enumerate(rows)],
+        )
+    if count:
+        send = [*BRIDGE, "send", "a", "In", "--count", str(count), "-c", str(setup)]
+        subprocess.run(send, check=True, capture_output=True)
     port = free_port()
     config = write_routes(tmp_path / "routes.yaml", port, destination)
     process = subprocess.Popen(
@@ -86,8 +105,21 @@ def service(tmp_path: Path, destination: str, count: int) -> Iterator[int]:
 
 
 def test_health_readiness_routes_and_metrics(tmp_path: Path) -> None:
-    with service(tmp_path, "b", 40) as port:
+    with service(tmp_path, "b", 40, rows=(POISON, EXPIRED)) as port:
         check_running_service(port)
+
+
+def metric(text: str, name: str, route: str = "a-to-b", **labels: str) -> float:
+    """The value of one sample of /metrics, by name and labels (the route's among them);
+    bucket bounds (`le`) compare as numbers."""
+    wanted = {"route": route, **labels}
+    for match in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if "le" in found:
+            found["le"] = str(float(found["le"]))
+        if all(found.get(k) == (str(float(v)) if k == "le" else v) for k, v in wanted.items()):
+            return float(match.group(2))
+    raise AssertionError(f"no sample {name} {wanted} in /metrics")
 
 
 def check_running_service(port: int) -> None:
@@ -98,14 +130,25 @@ def check_running_service(port: int) -> None:
     assert route["name"] == "a-to-b" and route["state"] == "running"
     assert route["from"] == {"connection": "a", "address": "In"}
     assert route["last_error"] is None
+    assert route["poison"] == 1 and route["expired"] == 1
     status, body = get(port, "/metrics")
     text = body.decode()
     assert status == 200
-    assert re.search(
-        r'^bridge_messages_forwarded_total\{[^}]*route="a-to-b"[^}]*\} 40\.0$', text, re.M
-    )
-    assert "bridge_batch_duration_seconds_bucket" in text
-    assert "bridge_end_to_end_latency_seconds_count" in text
+    assert metric(text, "bridge_messages_forwarded_total") == 40
+    assert metric(text, "bridge_messages_expired_total") == 1
+    assert metric(text, "bridge_messages_failed_total") == 1
+    # nothing failed to send: the retry counters are there, at 0, for rate() to start from
+    assert metric(text, "bridge_messages_retried_total") == 0
+    assert metric(text, "bridge_batches_retried_total") == 0
+    assert metric(text, "bridge_messages_in_flight") == 0
+    assert metric(text, "bridge_source_depth") >= 0  # looked at when the service started
+    # the poison row and the 40 messages came in batches of at most 100 (one receive or more)
+    assert metric(text, "bridge_batch_size_sum") == 41
+    assert metric(text, "bridge_batch_size_bucket", le="100") >= 1
+    for histogram in ("bridge_batch_duration_seconds", "bridge_end_to_end_latency_seconds"):
+        for le in ("0.001", "60", "120", "300", "900", "3600", "+Inf"):
+            metric(text, f"{histogram}_bucket", le=le)
+    assert metric(text, "bridge_end_to_end_latency_seconds_count") >= 1
     assert get(port, "/nope")[0] == 404
 
 
@@ -120,3 +163,24 @@ def test_a_route_in_backoff_is_not_ready_and_says_why(tmp_path: Path) -> None:
         assert "TransportUnavailable" in route["last_error"]
         assert SECRET not in route["last_error"]
         assert get(port, "/healthz")[0] == 200  # alive all the same
+        text = get(port, "/metrics")[1].decode()
+        assert metric(text, "bridge_batches_retried_total", route="a-to-down") >= 1
+        assert metric(text, "bridge_messages_forwarded_total", route="a-to-down") == 0
+
+
+@pytest.mark.parametrize("destination", ["postgresql", "rabbitmq", "kafka"])
+def test_an_unreachable_destination_is_not_ready_behind_an_empty_source(
+    tmp_path: Path, destination: str
+) -> None:
+    """Sinks connect at their first send; the route's probe must find the outage before."""
+    name = f"a-to-{destination}"
+    with service(tmp_path, destination, 0) as port:
+        wait_for(lambda: json.loads(get(port, "/routes")[1])["routes"][0]["last_error"])
+        status, body = get(port, "/readyz")
+        assert status == 503
+        assert json.loads(body)["not_ready"] == [{"route": name, "state": "backoff"}]
+        (route,) = json.loads(get(port, "/routes")[1])["routes"]
+        assert route["state"] == "backoff" and route["forwarded"] == 0
+        assert "TransportUnavailable" in route["last_error"]
+        assert "127.0.0.1" in route["last_error"] or destination in route["last_error"]
+        assert SECRET not in route["last_error"]

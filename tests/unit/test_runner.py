@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import re
 import time
 from collections.abc import Sequence
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from bridge.batch import Batch
 from bridge.config.models import Route
 from bridge.envelope import Envelope, Headers
-from bridge.errors import MessageRejected, TransportError, TransportUnavailable
+from bridge.errors import MessageRejected, MessagesRejected, TransportError, TransportUnavailable
 from bridge.protocols import Checkpoint, Sink, Source
-from bridge.routing.runner import RouteRunner
+from bridge.routing.runner import Probe, RouteRunner
+from bridge.telemetry.logs import JsonFormatter
+from bridge.telemetry.metrics import Metrics
 from bridge.transports.memory import Broker, MemorySink, Transport
 from tests.conftest import unique
 
@@ -62,12 +70,30 @@ async def run_until(runner: RouteRunner, condition: object, timeout: float = 10.
     await asyncio.wait_for(task, 10)
 
 
-def runner_for(route: Route, transport: Transport, sink: Sink | None = None) -> RouteRunner:
+def runner_for(
+    route: Route,
+    transport: Transport,
+    sink: Sink | None = None,
+    *,
+    metrics: Metrics | None = None,
+    probe: Probe | None = None,
+) -> RouteRunner:
     def endpoints() -> tuple[Source, Sink]:
         source = transport.source(route.from_.address, error_queue=route.error_queue_name)
         return source, sink or transport.sink(route.to.address)
 
-    return RouteRunner(route, endpoints, poll_timeout=0.05)
+    return RouteRunner(
+        route,
+        endpoints,
+        poll_timeout=0.05,
+        metrics=metrics.for_route(route.name) if metrics else None,
+        probe=probe,
+    )
+
+
+def state_changes(caplog: pytest.LogCaptureFixture) -> list[str]:
+    messages = [r.getMessage() for r in caplog.records]
+    return [m for m in messages if re.fullmatch(r"route \S+: \w+ -> \w+", m)]
 
 
 async def test_forwards_everything_in_order_and_empties_the_source() -> None:
@@ -227,3 +253,205 @@ async def test_refused_messages_go_to_the_error_queue_and_the_rest_goes_on(say_w
     assert "NServiceBus.TimeOfFailure" in headers and "NServiceBus.ProcessingEndpoint" in headers
     assert not transport.broker.queue(route.from_.address)
     assert runner.stats.poison == 2 and runner.stats.forwarded == 8
+
+
+class ReturningSink:
+    """Takes every message but the refused ones and then names each refused one, as a RabbitMQ
+    publish does whose unroutable messages came back; with `rest_accepted=False` it takes none
+    (the broker nacked some)."""
+
+    def __init__(self, inner: Sink, refused: set[bytes], rest_accepted: bool) -> None:
+        self.inner, self.refused, self.rest_accepted = inner, refused, rest_accepted
+        self.sent: list[int] = []
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        self.sent.append(len(envelopes))
+        bad = [i for i, e in enumerate(envelopes) if e.body in self.refused]
+        if not bad or self.rest_accepted:
+            await self.inner.send([e for i, e in enumerate(envelopes) if i not in bad], checkpoint)
+        if bad:
+            rejections = [MessageRejected(f"{envelopes[i].message_id} unroutable", i) for i in bad]
+            raise MessagesRejected(rejections, rest_accepted=self.rest_accepted)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("rest_accepted", [True, False])
+async def test_every_refused_message_of_a_send_is_rejected_and_accepted_ones_not_sent_again(
+    rest_accepted: bool,
+) -> None:
+    transport = Transport(broker=Broker())
+    route = make_route(error_queue=unique("error"), batch_size=10)
+    await transport.sink(route.from_.address).send([message(i) for i in range(10)])
+    refused = {b"body-2", b"body-3", b"body-7"}
+    sink = ReturningSink(transport.sink(route.to.address), refused, rest_accepted)
+    runner = runner_for(route, transport, sink)
+    await run_until(runner, lambda: runner.stats.batches == 1)
+    dst = transport.broker.queue(route.to.address)
+    assert [e.body for e in dst] == [  # type: ignore[union-attr]
+        f"body-{i}".encode() for i in (0, 1, 4, 5, 6, 8, 9)
+    ]
+    assert sink.sent == ([10] if rest_accepted else [10, 7])
+    dead = list(transport.broker.queue(route.error_queue_name))
+    assert [d.headers.get("NServiceBus.MessageId") for d in dead] == ["id-2", "id-3", "id-7"]  # type: ignore[union-attr]
+    assert [d.headers.get("NServiceBus.ExceptionInfo.Message") for d in dead] == [  # type: ignore[union-attr]
+        "id-2 unroutable",
+        "id-3 unroutable",
+        "id-7 unroutable",
+    ]
+    assert runner.stats.poison == 3 and runner.stats.forwarded == 7
+
+
+async def test_failed_batches_count_their_messages_as_retried() -> None:
+    transport = Transport(broker=Broker())
+    route = make_route(batch_size=10)
+    await transport.sink(route.from_.address).send([message(i) for i in range(25)])
+    sink = FlakySink(transport.sink(route.to.address), 3, TransportUnavailable("db down"))
+    reader = InMemoryMetricReader()
+    runner = runner_for(
+        route, transport, sink, metrics=Metrics(MeterProvider(metric_readers=[reader]))
+    )
+    await run_until(runner, lambda: len(transport.broker.queue(route.to.address)) == 25)
+    data = reader.get_metrics_data()
+    assert data is not None
+    values = {
+        m.name: m.data.data_points[0].value
+        for r in data.resource_metrics
+        for s in r.scope_metrics
+        for m in s.metrics
+        if m.name.endswith("retried")
+    }
+    assert values == {"bridge_batches_retried": 3, "bridge_messages_retried": 30}
+    assert runner.stats.retried == 3 and runner.stats.retried_messages == 30
+
+
+async def test_not_running_until_the_probe_reaches_both_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An empty source and a sink that connects at its first send: only the probe can tell."""
+    transport = Transport(broker=Broker())
+    route = make_route()
+    probes: list[int] = []
+
+    async def probe() -> None:
+        probes.append(1)
+        if len(probes) <= 3:
+            raise TransportUnavailable("destination unreachable at 127.0.0.1:1")
+
+    runner = runner_for(route, transport, probe=probe)
+    seen: set[str] = set()
+
+    def done() -> bool:
+        seen.add(runner.stats.state)
+        if len(probes) <= 3:
+            assert runner.stats.state in ("starting", "backoff")
+        return runner.stats.state == "running"
+
+    with caplog.at_level(logging.INFO, logger="bridge.route"):
+        await run_until(runner, done)
+    assert "backoff" in seen
+    assert len(probes) == 4  # at the start and after each backoff, not per receive
+    assert runner.stats.last_error == "TransportUnavailable: destination unreachable at 127.0.0.1:1"
+    assert runner.stats.retried == 3 and runner.stats.retried_messages == 0
+    assert state_changes(caplog) == [
+        "route r: starting -> backoff",
+        "route r: backoff -> running",
+        "route r: running -> stopped",
+    ]
+
+
+class DownSource:
+    """A source whose database is gone: every receive fails, as a lost connection's would."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
+        self.calls += 1
+        raise TransportUnavailable("source down")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_one_loop_in_backoff_keeps_the_route_in_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another loop's empty receives must not make the route look running (/readyz flaps)."""
+    transport = Transport(broker=Broker())
+    route = make_route(concurrency=2)
+    down = DownSource()
+    polled: list[int] = []
+    healthy = transport.source(route.from_.address)
+
+    class CountingSource:
+        async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
+            polled.append(1)
+            return await healthy.receive_batch(max_messages, timeout)
+
+        async def close(self) -> None:
+            await healthy.close()
+
+    opened: list[Source] = [down, CountingSource()]
+
+    def endpoints() -> tuple[Source, Sink]:
+        return opened.pop(0), transport.sink(route.to.address)
+
+    runner = RouteRunner(route, endpoints, poll_timeout=0.01)
+
+    def done() -> bool:
+        if down.calls:
+            assert runner.stats.state == "backoff"
+        return down.calls >= 3 and len(polled) >= 20
+
+    with caplog.at_level(logging.INFO, logger="bridge.route"):
+        await run_until(runner, done)
+    assert state_changes(caplog) == ["route r: starting -> backoff", "route r: backoff -> stopped"]
+
+
+async def test_forwarding_logs_no_line_per_message(caplog: pytest.LogCaptureFixture) -> None:
+    transport = Transport(broker=Broker())
+    route = make_route(batch_size=5)
+    await transport.sink(route.from_.address).send([message(i) for i in range(50)])
+    runner = runner_for(route, transport)
+    dst = transport.broker.queue(route.to.address)
+    with caplog.at_level(logging.DEBUG):
+        await run_until(runner, lambda: len(dst) == 50)
+    info = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert [r.getMessage() for r in info] == [
+        "route r: starting -> running",
+        "route r: running -> stopped",
+    ]
+    assert not any("id-" in r.getMessage() for r in caplog.records)  # no message ids, any level
+    # structured: the route and its new state are fields of the JSON line
+    line = json.loads(JsonFormatter().format(info[0]))
+    assert line["route"] == "r" and line["state"] == "running"
+
+
+async def test_one_warning_per_batch_sent_to_the_error_queue(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    transport = Transport(broker=Broker())
+    route = make_route(error_queue=unique("error"), batch_size=10)
+    for _ in range(3):
+        transport.put_poison(route.from_.address, "not json", b"raw")
+    await transport.sink(route.from_.address).send([message(i) for i in range(10)])
+    sink = RejectingSink(transport.sink(route.to.address), {b"body-3", b"body-7"}, True)
+    runner = runner_for(route, transport, sink)
+    dst = transport.broker.queue(route.to.address)
+    with caplog.at_level(logging.INFO, logger="bridge.route"):
+        await run_until(runner, lambda: len(dst) == 8)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    # the receive took 3 poison and 7 messages, then the last 3: two batches, two lines
+    assert [r.getMessage() for r in warnings] == [
+        f"route r: 4 message(s) moved to error queue {route.error_queue_name} "
+        "on connection a: unreadable headers",
+        f"route r: 1 message(s) moved to error queue {route.error_queue_name} "
+        "on connection a: record too large",
+    ]
+    line = json.loads(JsonFormatter().format(warnings[0]))
+    assert line["route"] == "r" and line["error_queue"] == route.error_queue_name
+    assert line["failed"] == 4 and line["level"] == "warning"
