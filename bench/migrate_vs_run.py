@@ -1,18 +1,24 @@
-"""Bulk move of one PostgreSQL queue table into another: `bridge migrate` against `bridge run`.
+"""Bulk move of a PostgreSQL queue table: `bridge migrate` against `bridge run`.
 
     .venv/bin/python bench/migrate_vs_run.py [--rows 200000] [--size 1024] [--master local[2]]
+                                             [--to postgresql|kafka]
 
 Fills a fresh schema's `Source` table with `--rows` messages of `--size` body bytes (batched raw
 inserts, NServiceBus-shaped headers), moves them to `Target` with each command in turn (the
 same route, refilled in between) and prints a table: rows, seconds (wall clock of the whole
-command, Spark start-up included), msgs/s and the ratio to `bridge run`. `bridge run
---until-idle N` only exits after N idle seconds; those are taken off its time. The schema is
-dropped at the end. Needs PostgreSQL (`--dsn`, default the tests' database) and PySpark.
+command, Spark start-up included), msgs/s and the ratio to `bridge run`. `Target` is another
+table of the same database (`--to postgresql`, each batch one transaction) or a topic on a
+local Kafka broker (`--to kafka`, the typical migration; tansu is started and stopped here).
+`bridge run --until-idle N` only exits after N idle seconds; those are taken off its time. The
+schema is dropped at the end. Needs PostgreSQL (`--dsn`, default the tests' database) and
+PySpark.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import re
@@ -24,6 +30,9 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from bridge.devbroker import LocalKafka
 
 DSN = os.environ.get("BRIDGE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IDLE = 2.0
@@ -74,6 +83,31 @@ def count(dsn: str, schema: str, table: str) -> int:
     return int(row[0]) if row else 0
 
 
+def records(bootstrap: str, topic: str, idle: float = 2.0) -> int:
+    """Records in `topic`, read from the start until none came for `idle` seconds (the local
+    broker's end offsets can trail what it holds, so they are not counted on)."""
+
+    async def total() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            await consumer.topics()
+            partitions = consumer.partitions_for_topic(topic) or set()
+            assigned = [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(assigned)
+            await consumer.seek_to_beginning(*assigned)
+            seen, quiet_since = 0, time.monotonic()
+            while time.monotonic() - quiet_since < idle:
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    seen += len(batch)
+                    quiet_since = time.monotonic()
+            return seen
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(total())
+
+
 def bridge(config: Path, *args: str) -> tuple[float, str]:
     started = time.monotonic()
     result = subprocess.run(
@@ -97,6 +131,9 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, help="migrate ranges (default 4 x cores)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=2, help="loops of `bridge run`")
+    parser.add_argument(
+        "--to", choices=("postgresql", "kafka"), default="postgresql", help="where Target is"
+    )
     args = parser.parse_args()
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
@@ -104,16 +141,40 @@ def main() -> int:
         db.execute(f'CREATE SCHEMA "{schema}"')
     workdir = Path(tempfile.mkdtemp(prefix="bridge-bench-"))
     config = workdir / "routes.yaml"
-    config.write_text(
-        "connections:\n"
-        f'  pg: {{type: postgresql, dsn: "{args.dsn}", schema: "{schema}"}}\n'
-        "routes:\n"
-        "  - name: bench\n"
-        "    from: {connection: pg, queue: Source}\n"
-        "    to: {connection: pg, queue: Target}\n"
-        f"    batch_size: {args.batch_size}\n"
-        f"    concurrency: {args.concurrency}\n"
-    )
+    with contextlib.ExitStack() as stack:
+        kafka = stack.enter_context(LocalKafka()) if args.to == "kafka" else None
+        connections = f'  pg: {{type: postgresql, dsn: "{args.dsn}", schema: "{schema}"}}\n'
+        target = "{connection: pg, queue: Target}"
+        if kafka is not None:
+            connections += (
+                f'  kafka: {{type: kafka, bootstrap_servers: "{kafka.bootstrap_servers}", '
+                "idempotence: false}\n"
+            )
+            target = "{connection: kafka, topic: Target}"
+        config.write_text(
+            f"connections:\n{connections}"
+            "routes:\n"
+            "  - name: bench\n"
+            "    from: {connection: pg, queue: Source}\n"
+            f"    to: {target}\n"
+            f"    batch_size: {args.batch_size}\n"
+            f"    concurrency: {args.concurrency}\n"
+        )
+        results = run_both(args, config, schema, kafka)
+    print_table(args, results)
+    return 0
+
+
+def run_both(
+    args: argparse.Namespace, config: Path, schema: str, kafka: LocalKafka | None
+) -> list[tuple[str, float, str]]:
+    """Time `bridge migrate`, then `bridge run`, each on a freshly filled Source."""
+
+    def delivered() -> int:
+        if kafka is None:
+            return count(args.dsn, schema, "Target")
+        return records(kafka.bootstrap_servers, "Target")
+
     results: list[tuple[str, float, str]] = []
     try:
         bridge(config, "install")
@@ -128,12 +189,14 @@ def main() -> int:
                 IDLE,
             ),
         ):
-            with psycopg.connect(args.dsn, autocommit=True) as db:
-                db.execute(f'TRUNCATE "{schema}"."Target"')
+            if kafka is None:
+                with psycopg.connect(args.dsn, autocommit=True) as db:
+                    db.execute(f'TRUNCATE "{schema}"."Target"')
+            before = delivered()
             filled = fill(args.dsn, schema, args.rows, args.size)
             print(f"filled {args.rows} rows of {args.size} B in {filled:.1f} s", file=sys.stderr)
             elapsed, out = bridge(config, *command)
-            moved = count(args.dsn, schema, "Target")
+            moved = delivered() - before
             left = count(args.dsn, schema, "Source")
             if moved != args.rows or left:
                 sys.exit(f"{label}: moved {moved} of {args.rows}, {left} left in the source")
@@ -145,17 +208,20 @@ def main() -> int:
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as db:
             db.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return results
 
+
+def print_table(args: argparse.Namespace, results: list[tuple[str, float, str]]) -> None:
     run_seconds = results[-1][1]
     head = ("command", "rows", "body B", "seconds", "msgs/s", "ratio")
-    print("\n{:<44} {:>8} {:>7} {:>8} {:>8} {:>6}  note".format(*head))
+    print(f"\nPostgreSQL -> {'Kafka' if args.to == 'kafka' else 'PostgreSQL (one database)'}")
+    print("{:<44} {:>8} {:>7} {:>8} {:>8} {:>6}  note".format(*head))
     for label, seconds, note in results:
         rate = args.rows / seconds
         ratio = run_seconds / seconds
         row = (label, args.rows, args.size, seconds, rate, ratio, note)
         print("{:<44} {:>8} {:>7} {:>8.1f} {:>8.0f} {:>6.2f}  {}".format(*row))
     print("\nratio: how many times faster than `bridge run` (wall clock, Spark start-up included)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     from bridge.errors import BridgeError, ConfigError
-    from bridge.migrate.driver import migrate
+    from bridge.migrate.driver import MigrationFailed, migrate
     from bridge.migrate.spec import JobSpec
     from bridge.telemetry.logs import setup_logging
     from bridge.telemetry.redact import redactor
@@ -46,6 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(redactor(str(exc)), file=sys.stderr)
         return 2
+    except MigrationFailed as exc:
+        if exc.summary is not None:
+            print(exc.summary.describe(), flush=True)
+        print(f"bridge migrate: {redactor(str(exc))}", file=sys.stderr)
+        return 1
     except BridgeError as exc:
         print(f"bridge migrate: {redactor(str(exc))}", file=sys.stderr)
         return 1

@@ -11,6 +11,13 @@ transport's own codec (`headers.from_record`); a record whose headers are not UT
 and is copied, before its batch is handed out, to the route's error topic on the Kafka
 connection, as the service does (`headers.error_record`); so is, at commit, a message the
 destination refused for good. Records at or past `end` are left to the service.
+
+Two attempts of one task may run at once (Spark speculation, or a zombie attempt on an
+executor the driver gave up on). The sink's checkpoint writes are fenced
+(`SqlSink.fence_checkpoint`): each stores the partition's position only over the one the
+attempt read at its start, then over its own last one. The attempt that finds another's
+position there rolls back its batch and fails with `RangeTakenOver`, which is not retried
+within the task; the rows are written once.
 """
 
 from __future__ import annotations
@@ -30,12 +37,22 @@ from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.config import consumer_kwargs
 from bridge.transports.kafka.errors import kafka_errors
 from bridge.transports.kafka.source import ErrorTopic, checkpoint_key, read_records
-from bridge.transports.sql.queue import SqlSink
+from bridge.transports.sql.queue import CheckpointConflict, SqlSink
 
-__all__ = ["PartitionSource", "kafka_task", "move_partition", "partition_offsets"]
+__all__ = [
+    "PartitionSource",
+    "RangeTakenOver",
+    "kafka_task",
+    "move_partition",
+    "partition_offsets",
+]
 
 #: Longest wait for a record the end offset says is there before the task fails (retried).
 STALL_SECONDS = 60.0
+
+
+class RangeTakenOver(TransportError):
+    """Another attempt of this task stored the partition's position first (not retriable)."""
 
 
 async def partition_offsets(config: KafkaConnection, topic: str) -> dict[int, tuple[int, int]]:
@@ -169,8 +186,10 @@ async def move_partition(
         if not isinstance(sink, SqlSink):
             raise ConfigError(f"route {route.name}: its destination is not a SQL queue table")
         topic, group = route.from_.address, route.from_.group
-        stored = await sink.load_checkpoint(f"{group}/{topic}/")
-        start = max(start, stored.get(checkpoint_key(group, topic, partition), start))
+        key = checkpoint_key(group, topic, partition)
+        stored = (await sink.load_checkpoint(f"{group}/{topic}/")).get(key)
+        sink.fence_checkpoint({key: stored})
+        start = max(start, start if stored is None else stored)
         source = PartitionSource(
             kafka,
             topic=topic,
@@ -180,7 +199,13 @@ async def move_partition(
             group=group,
             error_queue=route.error_queue_name,
         )
-        return await run_until_exhausted(route, source, sink, fail_after=fail_after)
+        try:
+            return await run_until_exhausted(route, source, sink, fail_after=fail_after)
+        except CheckpointConflict:
+            raise RangeTakenOver(
+                f"{topic}/{partition}: another attempt moved this range (offsets {start} to "
+                f"{end - 1}) while this one ran; this attempt rolled back its batch"
+            ) from None
     finally:
         await kafka.close()
         await sql.close()

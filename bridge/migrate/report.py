@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 from bridge.config.models import SQL_TYPES
 from bridge.errors import ConfigError, HeadersFormatError
 from bridge.migrate.ranges import split
-from bridge.migrate.session import spark_session
+from bridge.migrate.session import check_master, spark_session
 from bridge.migrate.spec import ShippedConfig
 from bridge.transports import load
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.layout import ScannedRow
 from bridge.transports.sql.queue import SqlTransport
-from bridge.wireformat import parse_timestamp
+from bridge.wireformat import timestamp_seconds
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -110,7 +110,7 @@ def describe_row(queue: str, row: ScannedRow) -> tuple[Any, ...]:
     raw_sent = headers.get(TIME_SENT)
     if raw_sent:
         try:
-            sent = parse_timestamp(raw_sent).timestamp()
+            sent = timestamp_seconds(raw_sent)
         except ValueError:
             sent = None
     return (
@@ -181,6 +181,7 @@ async def build_report(
         raise ConfigError("--partitions must be at least 1")
     if top < 0:
         raise ConfigError("--top must be 0 or more")
+    check_master(master)
     queues = list(dict.fromkeys(queues))
     transport = _sql_transport(shipped, connection)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import sqlite3
 import time
 import uuid
@@ -13,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers
 from bridge.transports.sql import headers as sql_headers
 
@@ -53,6 +55,11 @@ def pg_raw_headers(dsn: str, schema: str, table: str) -> list[str]:
     with psycopg.connect(dsn) as db:
         rows = db.execute(f'SELECT headers FROM "{schema}"."{table}" ORDER BY seq').fetchall()
     return [str(h) for (h,) in rows]
+
+
+def pg_poison_raw_headers(dsn: str, schema: str, table: str = "bridge.error") -> list[str]:
+    """The original, unreadable Headers text of each poison copy in an error queue table."""
+    return [json.loads(h)[RAW_HEADERS] for h in pg_raw_headers(dsn, schema, table)]
 
 
 def pg_insert_raw(dsn: str, schema: str, table: str, headers: str, body: bytes = b"") -> None:

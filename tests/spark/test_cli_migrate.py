@@ -13,6 +13,9 @@ import psycopg
 import pytest
 
 from bridge.config.loader import load_config
+from bridge.errors import ConfigError
+from bridge.migrate import job as job_module
+from bridge.migrate.session import check_master
 from bridge.transports import load
 from tests.spark.conftest import Cli, write_routes
 from tests.spark.data import message, pg_rows
@@ -80,6 +83,48 @@ def test_config_and_usage_errors_exit_2(cli: Cli, routes: Path, tmp_path: Path) 
     assert code == 2 and "unknown key 'x'" in err
 
 
+def test_a_master_url_spark_does_not_know_exits_2_in_one_line(cli: Cli, routes: Path) -> None:
+    for command in (
+        ("migrate", "--route", "to-local", "-c", str(routes)),
+        ("report", "shop", "Orders", "-c", str(routes)),
+    ):
+        code, out, err = cli(*command, "--master", "bogus://x")
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [
+            "--master 'bogus://x' is not a Spark master URL: use local, local[N], local[*], "
+            "local[N,F] (F tries per task), spark://HOST:PORT, yarn, k8s://URL or mesos://URL"
+        ]
+    job = subprocess.run(
+        [
+            *(sys.executable, "-m", "bridge.migrate.job", "--route", "to-local"),
+            *("-c", str(routes), "--master", "bogus://x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert job.returncode == 2 and job.stdout == ""
+    assert job.stderr.startswith("--master 'bogus://x' is not a Spark master URL")
+
+
+@pytest.mark.parametrize(
+    ("master", "known"),
+    [
+        *((m, True) for m in ("local", "local[4]", "local[*]", "local[2,3]", "local[*, 4]")),
+        *((m, True) for m in ("spark://a:7077", "spark://a:7077,b:7077", "yarn")),
+        *((m, True) for m in ("k8s://https://k:6443", "mesos://m:5050", "local-cluster[2,1,1024]")),
+        *((m, False) for m in ("bogus://x", "local[]", "local[x]", "local[2,]", "spark://", "")),
+        *((m, False) for m in ("yarn-cluster", " local", "LOCAL")),
+    ],
+)
+def test_master_urls_are_checked_by_their_form(master: str, known: bool) -> None:
+    if known:
+        check_master(master)
+    else:
+        with pytest.raises(ConfigError, match="is not a Spark master URL"):
+            check_master(master)
+
+
 def test_a_missing_table_exits_1_before_spark_starts(cli: Cli, routes: Path) -> None:
     code, _, err = cli("migrate", "--route", "to-missing", "-c", str(routes))
     assert code == 1
@@ -95,7 +140,15 @@ def test_a_task_failing_for_good_exits_1_and_loses_nothing(
             "headers text NOT NULL, body bytea, seq serial, owner text NOT NULL)"
         )
     code, out, err = cli("migrate", "--route", "to-broken", "-c", str(routes))
-    assert code == 1 and out == ""
+    assert code == 1
+    # How far it got, on stdout, before the error line on stderr.
+    assert out.startswith("stopped migrating route to-broken (postgresql shop/Orders -> ")
+    assert "  planned  300\n  moved    0\n" in out and "  left     300\n" in out
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith("warning: 300 of the 300 planned messages are still in the source")
+    )
     last = err.strip().splitlines()[-1]
     assert last.startswith("bridge migrate: route to-broken: TransportError:") and '"owner"' in last
     assert len(pg_rows(pg_dsn, pg_schema, "Orders")) == 300
@@ -126,7 +179,7 @@ def test_spark_submit_runs_the_job_module(routes: Path, pg_dsn: str, pg_schema: 
             "local[1]",
             "--conf",
             "spark.ui.enabled=false",
-            str(REPO / "bridge" / "migrate" / "job.py"),
+            str(job_module.__file__),  # the installed module's file, as the README says
             *("--route", "to-local", "-c", str(routes), "--partitions", "2"),
         ],
         capture_output=True,

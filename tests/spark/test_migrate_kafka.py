@@ -1,6 +1,7 @@
 """`bridge migrate` with Kafka on either side, on the local broker: PostgreSQL -> Kafka (read
 back with a plain consumer), and Kafka -> PostgreSQL exactly-once (a retried task, a second
-run, and the service resuming from the positions the job stored).
+run, the service resuming from the positions the job stored, and two attempts of one
+partition at the same time).
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from bridge.envelope import Envelope
 from bridge.errors import MessageRejected
 from bridge.migrate.bounded import run_until_exhausted
 from bridge.migrate.driver import migrate
-from bridge.migrate.kafkatask import PartitionSource
+from bridge.migrate.kafkatask import PartitionSource, RangeTakenOver, move_partition
 from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
 from bridge.protocols import Transport
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from tests.conftest import unique
 from tests.spark.conftest import write_routes
-from tests.spark.data import by_id, message, pg_insert_raw, pg_raw_headers, pg_rows
+from tests.spark.data import by_id, message, pg_insert_raw, pg_poison_raw_headers, pg_rows
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +140,7 @@ async def test_postgresql_to_kafka_carries_every_header_and_body(
 
     assert (summary.moved.moved, summary.moved.expired, summary.moved.poison) == (2000, 7, 1)
     assert pg_rows(pg_dsn, pg_schema, setup.queue) == []
-    assert pg_raw_headers(pg_dsn, pg_schema, "bridge.error") == ["[1, 2]"]
+    assert pg_poison_raw_headers(pg_dsn, pg_schema) == ["[1, 2]"]
     records = await setup.read(setup.topic)
     assert len(records) == 2000
     got = {r.key.decode(): r for r in records}
@@ -175,6 +176,8 @@ async def test_kafka_to_postgresql_is_exactly_once_and_the_service_resumes(
 
     assert summary.retried_tasks == 1 and summary.tasks == 3
     assert (summary.moved.expired, summary.moved.poison) == (1, 1)
+    # With what the failed attempt stored before it failed: 1502 offsets, less the two above.
+    assert (summary.planned, summary.moved.moved, summary.left) == (1502, 1500, 0)
     rows = pg_rows(pg_dsn, pg_schema, setup.queue)
     assert len(rows) == 1500  # nothing twice, even after the retry
     got = by_id(rows)
@@ -204,6 +207,49 @@ async def test_kafka_to_postgresql_is_exactly_once_and_the_service_resumes(
     assert service.returncode == 0, service.stderr
     rows = pg_rows(pg_dsn, pg_schema, setup.queue)
     assert len(rows) == 1510 and by_id(rows).keys() >= {str(m.message_id) for m in more}
+
+
+async def test_of_two_attempts_of_one_partition_at_once_one_writes_and_one_fails(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str
+) -> None:
+    setup = Setup(tmp_path, pg_dsn, pg_schema, kafka_bootstrap)
+    await setup.install()
+    sent = [message(n) for n in range(400)]
+    end = (await setup.produce([(m, 0, None) for m in sent]))[0]
+    spec = JobSpec.from_file(str(setup.config), "from-kafka")
+    table = f'"{pg_schema}"."{setup.queue}"'
+
+    # The table locked, both attempts read the stored position and then wait to write their
+    # first batch: as a speculative or zombie attempt would overlap the first one.
+    with psycopg.connect(pg_dsn) as lock:
+        lock.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        attempts = [asyncio.ensure_future(move_partition(spec, 0, 0, end)) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while _waiting_on(pg_dsn, table) < 2:
+            assert time.monotonic() < deadline, "the attempts never reached the table"
+            assert not any(a.done() for a in attempts), [a.result() for a in attempts]
+            await asyncio.sleep(0.05)
+    outcomes = await asyncio.gather(*attempts, return_exceptions=True)
+
+    moved = [o for o in outcomes if not isinstance(o, BaseException)]
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(moved) == 1 and moved[0].moved == 400
+    assert len(failed) == 1 and isinstance(failed[0], RangeTakenOver), failed
+    assert "another attempt moved this range" in str(failed[0])
+    rows = pg_rows(pg_dsn, pg_schema, setup.queue)
+    assert len(rows) == 400  # one row per record, not two
+    assert by_id(rows).keys() == {str(m.message_id) for m in sent}
+    assert setup.checkpoints() == {f"{setup.group}/{setup.topic}/0": end}
+
+
+def _waiting_on(dsn: str, table: str) -> int:
+    """Sessions waiting for a lock on `table`."""
+    with psycopg.connect(dsn) as db:
+        row = db.execute(
+            "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted",
+            (table,),
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 async def _produce_poison(setup: Setup, partition: int) -> int:

@@ -1,18 +1,21 @@
 """`bridge migrate` from a PostgreSQL queue table, in-process on the test run's SparkSession:
 into SQLite, into another PostgreSQL table of the same database, with expired and poison rows,
-and with a task that fails on its first attempt.
+with a task that fails on its first attempt, and with rows another transaction holds.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from bridge.config.loader import load_config
+from bridge.deadletter import RAW_HEADERS
 from bridge.migrate.driver import migrate
 from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
 from bridge.migrate.sqltask import move_range
@@ -124,7 +127,9 @@ async def test_postgresql_to_sqlite_carries_every_header_and_body(
         assert list(headers) == list(translated(envelope, LOCAL_REPLY_TO))
         assert body == envelope.body
     assert sum(1 for _, _, expires in delivered if expires is not None) == 10
-    assert pg_raw_headers(pg_dsn, pg_schema, "bridge.error") == ["{not json"] * 4
+    copies = [json.loads(h) for h in pg_raw_headers(pg_dsn, pg_schema, "bridge.error")]
+    assert [c[RAW_HEADERS] for c in copies] == ["{not json"] * 4
+    assert {c["NServiceBus.FailedQ"] for c in copies} == {f'"{pg_schema}"."{setup.source}"'}
     progress = [r.getMessage() for r in caplog.records if "moved (" in r.getMessage()]
     assert progress, "no progress line while the job ran"
     assert re.fullmatch(
@@ -170,6 +175,44 @@ async def test_a_retried_task_loses_nothing_and_repeats_at_most_its_batch(
     assert set(ids) == {str(e.message_id) for e in live}
     assert len(ids) - len(set(ids)) == 50  # exactly the batch in flight came twice
     assert pg_rows(pg_dsn, pg_schema, setup.source) == []
+    # The failed attempt's committed batch counts: what left the source, not what the
+    # successful attempts alone moved (950).
+    assert (summary.planned, summary.moved.moved, summary.left) == (1000, 1000, 0)
+    assert summary.rate == 1000 / summary.seconds
+    text = summary.describe()
+    assert "  moved    1000\n" in text and "  left     0\n" in text
+    assert "  tasks    4 (1 retried: " in text and "warning" not in text
+
+
+async def test_rows_another_transaction_holds_are_reported_as_left(
+    spark: Any, tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> None:
+    setup = Setup(tmp_path, pg_dsn, pg_schema, batch_size=50)
+    await setup.install()
+    await setup.fill(1000)
+    table = f'"{pg_schema}"."{setup.source}"'
+    with psycopg.connect(pg_dsn) as holder:  # e.g. a receiver in the middle of a batch
+        held = holder.execute(  # not OFFSET: the rows it skips would be locked too
+            f"SELECT id FROM {table} WHERE id IN "
+            f"(SELECT id FROM {table} ORDER BY seq OFFSET 400 LIMIT 100) FOR UPDATE"
+        ).fetchall()
+        assert len(held) == 100
+
+        summary = await migrate(
+            JobSpec.from_file(str(setup.config), "to-local"), master=None, partitions=4
+        )
+
+        holder.rollback()
+    assert (summary.planned, summary.moved.moved, summary.left) == (1000, 900, 100)
+    assert summary.rate == 900 / summary.seconds
+    assert len(sqlite_rows(setup.sqlite, setup.target)) == 900
+    assert len(pg_rows(pg_dsn, pg_schema, setup.source)) == 100
+    text = summary.describe()
+    assert text.startswith("migrated route to-local") and "  moved    900\n" in text
+    assert "  left     100\n" in text
+    assert text.splitlines()[-1].startswith(
+        "warning: 100 of the 1000 planned messages are still in the source"
+    )
 
 
 async def test_rows_added_after_planning_are_left_to_the_service(
