@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> LoadedConfig:
-    loaded = load_config(args.config)
+    # `install --print-sql` connects to nothing: it needs no credentials, only names.
+    loaded = load_config(args.config, offline=getattr(args, "print_sql", False))
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     for connection in loaded.config.connections.values():
@@ -179,8 +180,8 @@ async def _install(args: argparse.Namespace) -> int:
             await transport.close()
         if args.print_sql:
             print(f"-- connection {name} ({config.connections[name].type})")
-            for statement in statements:
-                print(statement.rstrip().rstrip(";") + ";\n")
+            for statement in statements:  # each transport's own runnable form
+                print(statement + "\n")
         else:
             print(f"{name}: installed {', '.join(addresses)}")
     return 0
@@ -303,11 +304,16 @@ async def _migrate(args: argparse.Namespace) -> int:
     from bridge.migrate import require_spark
 
     require_spark("migrate")
-    from bridge.migrate.driver import migrate
+    from bridge.migrate.driver import MigrationFailed, migrate
     from bridge.migrate.spec import JobSpec
 
     spec = JobSpec.from_file(args.config, args.route)
-    summary = await migrate(spec, master=args.master, partitions=args.partitions)
+    try:
+        summary = await migrate(spec, master=args.master, partitions=args.partitions)
+    except MigrationFailed as exc:
+        if exc.summary is not None:  # how far it got, before the error line
+            print(exc.summary.describe(), flush=True)
+        raise
     print(summary.describe())
     return 0
 

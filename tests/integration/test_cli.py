@@ -94,6 +94,47 @@ def test_print_sql_needs_no_connection_and_quotes_names(routes: Path) -> None:
     assert '"Sales Done"' in out
 
 
+def test_print_sql_for_sql_server_is_runnable_batches(tmp_path: Path) -> None:
+    from bridge.config.models import SqlServerConnection
+    from bridge.transports.sql.sqlserver import SqlServerDialect
+    from bridge.transports.sql.tsql import standalone_batch
+
+    path = tmp_path / "routes.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              legacy: {{type: sqlserver, dsn: "Driver=FreeTDS;Server=nowhere", catalog: shop}}
+              local: {{type: sqlite, path: "{tmp_path / "bridge.db"}"}}
+            routes:
+              - name: legacy-to-local
+                from: {{connection: legacy, queue: Sales}}
+                to:   {{connection: local, queue: Sales}}
+            """
+        )
+    )
+    result = bridge("install", "--print-sql", "-c", str(path))
+    assert result.returncode == 0, result.stderr
+    legacy = SqlServerDialect(
+        "legacy",
+        SqlServerConnection.model_validate(
+            {"type": "sqlserver", "dsn": "x", "catalog": "shop", "schema": "dbo"}
+        ),
+    )
+    scripts = [
+        legacy.queue_statements("Sales").create[0],
+        legacy.queue_statements("bridge.error").create[0],
+        legacy.checkpoint_statements().create[0],
+    ]
+    expected = "-- connection legacy (sqlserver)\n" + "".join(
+        standalone_batch(script) + "\n\n" for script in scripts
+    )
+    assert result.stdout.startswith(expected)
+    rest = result.stdout.removeprefix(expected)
+    assert rest.startswith("-- connection local (sqlite)\nCREATE TABLE IF NOT EXISTS")
+    assert rest.count(");\n") == 2  # each SQLite statement ends with one `;`, as before
+
+
 def test_install_send_peek_run_round_trip(routes: Path) -> None:
     config = ("-c", str(routes))
     check = bridge("check", "--connect", *config)
@@ -145,3 +186,73 @@ def test_secrets_never_reach_the_output(routes: Path) -> None:
     assert result.returncode == 1
     assert secret not in result.stdout + result.stderr
     assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_unreadable_config_files_exit_2_with_one_line(tmp_path: Path) -> None:
+    not_utf8 = tmp_path / "bad8.yaml"
+    not_utf8.write_bytes(b"connections: {}\nroutes: [\xff]\n")
+    for path, expected in [
+        (tmp_path / "nonexist.yaml", f"{tmp_path / 'nonexist.yaml'}: config file not found"),
+        (tmp_path, f"{tmp_path}: cannot read config: Is a directory"),
+        (not_utf8, f"{not_utf8}:2:10: the file is not UTF-8 text (byte 0xff)"),
+    ]:
+        result = bridge("check", "-c", str(path))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(expected), result.stderr
+        assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_check_and_install_refuse_a_long_postgresql_queue_name_where_it_is_written(
+    routes: Path,
+) -> None:
+    long_name = "S" * 56
+    text = routes.read_text().replace('"Sales.Copy"', long_name, 1)  # the first route's `to`
+    routes.write_text(text)
+    for command in (("check",), ("install", "--print-sql")):
+        result = bridge(*command, "-c", str(routes))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"{routes}:11:37: to: PostgreSQL queue table name"), (
+            result.stderr
+        )
+
+
+def test_print_sql_needs_no_credentials(tmp_path: Path) -> None:
+    """A DBA without the production secrets can still print the DDL; the names still count."""
+    routes = tmp_path / "routes.yaml"
+    text = textwrap.dedent(
+        """\
+        connections:
+          legacy: {type: sqlserver, dsn: "${LEGACY_ODBC}", schema: "${LEGACY_SCHEMA}"}
+          rabbit: {type: rabbitmq, url: "amqp://bridge:${RABBIT_PASSWORD}@mq/%2F"}
+        routes:
+          - name: shipping
+            from: {connection: legacy, queue: Shipping}
+            to: {connection: rabbit, queue: Shipping}
+        """
+    )
+    routes.write_text(text)
+    secret = unique("pw")
+    unset = {name: value for name, value in os.environ.items() if name != "LEGACY_ODBC"}
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge", "install", "--print-sql", "-c", str(routes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**unset, "LEGACY_SCHEMA": "sales", "RABBIT_PASSWORD": secret},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "CREATE TABLE [sales].[Shipping]" in result.stdout
+    assert result.stderr == (
+        f"{routes}:2:34: warning: environment variable LEGACY_ODBC is not set; "
+        "<unset-LEGACY_ODBC> in its place, as this connects to nothing\n"
+    )
+    assert secret not in result.stdout + result.stderr
+
+    routes.write_text(text.replace("${LEGACY_SCHEMA}", "${LEGACY_SCHEMA_UNSET}"))
+    result = bridge("install", "--print-sql", "-c", str(routes), env={"RABBIT_PASSWORD": "x"})
+    assert result.returncode == 2
+    assert result.stderr.endswith(
+        f"{routes}:2:60: environment variable LEGACY_SCHEMA_UNSET is not set "
+        "(use ${LEGACY_SCHEMA_UNSET:-default} for a default)\n"
+    )
+    assert bridge("check", "-c", str(routes)).returncode == 2
