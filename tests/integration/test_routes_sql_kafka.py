@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from bridge.config.loader import load_config
 from bridge.config.models import KafkaConnection
+from bridge.devbroker import free_port
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import CheckpointStore, Sink, Source, Transport
 from bridge.transports import load
@@ -31,6 +32,7 @@ from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.headers import record_message_id
 from bridge.transports.sql.queue import PositionMoved
 from tests.conftest import unique
+from tests.integration.test_http import get, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -297,19 +299,34 @@ async def test_order_is_kept_within_a_key(setup: Setup) -> None:
 
 
 async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: Setup) -> None:
-    """Each bridge stamps what it forwards (a header rule), so the test sees both worked; with
-    2 messages a batch, the first to start cannot take them all before the second is up."""
+    """Each bridge stamps what it forwards (a header rule), so the test sees both worked. Both
+    are ready before the first message is written, and the messages arrive in 20 writes over
+    two seconds, 2 a batch: neither can have drained the table before the other was polling it
+    (on a busy machine one bridge could take all of a backlog written before the other was up)."""
     configs = [setup.tmp_path / f"routes-{name}.yaml" for name in ("a", "b")]
-    for name, path in zip("ab", configs, strict=True):
+    ports = [free_port(), free_port()]
+    for name, path, port in zip("ab", configs, ports, strict=True):
         setup.configure(batch_size=2, to_kafka=f"headers: {{set: {{Bridge: {name}}}}}", path=path)
-    await setup.send_sql(1000)
+        with path.open("a") as routes:
+            routes.write(f"http: {{host: 127.0.0.1, port: {port}}}\n")
     runs = [
-        setup.bridge("run", "--route", "to-kafka", "--until-idle", "2", config=path)
+        setup.bridge("run", "--route", "to-kafka", "--until-idle", "3", config=path)
         for path in configs
     ]
-    for process in runs:
-        _, err = await asyncio.to_thread(process.communicate, timeout=120)
-        assert process.returncode == 0, err
+    try:
+        for port in ports:
+            await asyncio.to_thread(wait_for, lambda port=port: get(port, "/readyz")[0] == 200)
+        for start in range(0, 1000, 50):
+            await setup.send_sql(50, start)
+            await asyncio.sleep(0.1)
+        for process in runs:
+            _, err = await asyncio.to_thread(process.communicate, timeout=120)
+            assert process.returncode == 0, err
+    finally:
+        for process in runs:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     records = await setup.read_topic(1000)
     counts = Counter(e.message_id for _, e in records)
     assert len(counts) == 1000
