@@ -74,3 +74,13 @@ def rabbitmq_url() -> str:
     except Exception as exc:  # pika raises many unrelated types for "not reachable"
         pytest.fail(f"RabbitMQ is required at {RABBITMQ_URL}: {exc}")
     return RABBITMQ_URL
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault cases' deliveries, one row per case, when any reported (tests/faults.py)."""
+    from tests.faults import REPORTED, delivery_table
+
+    if REPORTED:
+        terminalreporter.write_sep("=", "deliveries under faults")
+        for line in delivery_table(REPORTED):
+            terminalreporter.write_line(line)

@@ -8,11 +8,16 @@ that the event loop writes (plain attribute reads; no locks needed for a status 
   backoff), else 503 with each waiting route and its state.
 - `/metrics`: Prometheus text from the prometheus_client registry the OpenTelemetry reader feeds.
 - `/routes`: JSON with each route's state, counters and last error.
+
+A client that drops the connection early (a probe that times out, a load balancer's TCP check)
+is worth one DEBUG line, not a traceback; any other failure of a request is logged as an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -23,6 +28,8 @@ from bridge.routing.runner import RouteRunner
 from bridge.telemetry.redact import redactor
 
 __all__ = ["HealthServer", "route_report"]
+
+log = logging.getLogger("bridge.http")
 
 
 def route_report(runners: Sequence[RouteRunner]) -> list[dict[str, Any]]:
@@ -47,11 +54,22 @@ def route_report(runners: Sequence[RouteRunner]) -> list[dict[str, Any]]:
     return out
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: Any) -> None:
+        """Log a request's failure, where the standard library prints a traceback to stderr."""
+        exc = sys.exc_info()[1]
+        client = ":".join(map(str, client_address))
+        if isinstance(exc, ConnectionError):  # reset, broken pipe, aborted: the client left
+            log.debug("client %s left early: %s", client, exc)
+        else:
+            log.error("request from %s failed", client, exc_info=exc)
+
+
 class HealthServer:
     def __init__(self, host: str, port: int, runners: Callable[[], Sequence[RouteRunner]]) -> None:
         self._runners = runners
         handler = self._handler()
-        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server = _Server((host, port), handler)
         self._server.daemon_threads = True
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)

@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT: every loop finishes the batch in hand, commits, and the process exits 0.
 `until_idle`: exit 0 once every route has received nothing for that many seconds; a route that
-fails for good in that mode makes the run exit 1.
+fails for good in that mode stops the run at once (the other routes finish the batches in hand)
+and makes it exit 1 with the route's error.
 
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
@@ -137,6 +138,11 @@ class Supervisor:
         for runner in self.runners:
             runner.stop()
 
+    async def _run_route(self, runner: RouteRunner) -> None:
+        await runner.run()
+        if runner.fatal is not None:  # failed for good: waiting for idle would never end
+            self.stop()
+
     async def _watch_idle(self) -> None:
         assert self.until_idle is not None
         while not self._stopping.is_set():
@@ -170,7 +176,9 @@ class Supervisor:
                     self.config.http.host, self.config.http.port, lambda: self.runners
                 ).start()
                 log.info("serving /healthz /readyz /metrics /routes on port %d", self.http.port)
-            tasks = [asyncio.create_task(r.run(), name=r.route.name) for r in self.runners]
+            tasks = [
+                asyncio.create_task(self._run_route(r), name=r.route.name) for r in self.runners
+            ]
             depths = asyncio.create_task(self._watch_depths(), name="depths")
             if self.until_idle is not None:
                 tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))

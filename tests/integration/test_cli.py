@@ -256,3 +256,41 @@ def test_print_sql_needs_no_credentials(tmp_path: Path) -> None:
         "(use ${LEGACY_SCHEMA_UNSET:-default} for a default)\n"
     )
     assert bridge("check", "-c", str(routes)).returncode == 2
+
+
+REFUSE_INSERTS = """
+CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql
+AS $$ BEGIN RAISE EXCEPTION 'the archive is read-only'; END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON "{schema}"."Sales.Copy"
+FOR EACH STATEMENT EXECUTE FUNCTION "{schema}".refuse();
+"""
+
+
+@pytest.mark.parametrize(
+    ("breakage", "reason"),
+    [
+        ('DROP TABLE "{schema}"."Sales.Copy"', '"Sales.Copy" does not exist'),
+        (REFUSE_INSERTS, "the archive is read-only (SQLSTATE P0001)"),
+    ],
+    ids=["destination-missing", "destination-refuses-every-insert"],
+)
+def test_until_idle_exits_1_at_once_when_a_route_fails_for_good(
+    routes: Path, pg_dsn: str, pg_schema: str, breakage: str, reason: str
+) -> None:
+    """A destination that will not work by retrying (a missing table: the route's probe finds
+    it; a trigger refusing each insert: the first send does) ends the run with exit 1 and the
+    route's error, long before the idle time, and the messages stay at the source."""
+    import psycopg
+
+    config = ("-c", str(routes))
+    assert bridge("install", *config).returncode == 0
+    assert bridge("send", "local", "Sales", "--count", "25", *config).returncode == 0
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(breakage.format(schema=pg_schema).encode())
+
+    # An hour of idle time: only the failure can end this run within the helper's timeout.
+    run = bridge("run", "--until-idle", "3600", *config)
+    assert run.returncode == 1, run.stderr
+    assert "route local-to-shop failed: postgresql connection 'shop'" in run.stderr
+    assert reason in run.stderr
+    assert json.loads(bridge("peek", "local", "Sales", "--json", *config).stdout)["depth"] == 25

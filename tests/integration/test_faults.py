@@ -1,6 +1,7 @@
 """The fault suite: real `bridge run` processes, `kill -9` mid-stream, brokers and databases
-stopped and started under load. Every case counts and prints sent, delivered, lost (must be 0)
-and duplicated (at most what was in flight: batch_size x concurrency per kill).
+stopped and started under load. Every case counts sent, delivered, lost (must be 0) and
+duplicated (at most what was in flight: batch_size x concurrency per kill); the run ends with
+a table of them (tests/faults.py).
 
 Kafka -> SQL under kill -9 (exactly-once) is in test_routes_sql_kafka.py.
 """
@@ -10,24 +11,22 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
 import subprocess
-import sys
 import textwrap
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pika
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
 from tests.conftest import unique
+from tests.faults import BridgeProcess, report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,6 +34,8 @@ TOTAL = 12_000
 BATCH = 100
 CONCURRENCY = 2
 IN_FLIGHT = BATCH * CONCURRENCY
+PARTITIONS = 3
+KILLS = 3
 
 
 class Rig:
@@ -52,7 +53,7 @@ class Rig:
                 connections:
                   pg: {{type: postgresql, dsn: "{pg_dsn}", schema: "{schema}"}}
                   kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,
-                           partitions: 3, session_timeout_ms: 3000}}
+                           partitions: {PARTITIONS}, session_timeout_ms: 3000}}
                   rabbit: {{type: rabbitmq, url: "{rabbit}", queue_type: quorum}}
                 routes:
                   - name: pg-to-kafka
@@ -78,22 +79,18 @@ class Rig:
             )
         )
         self.pg: Transport = load("pg", load_config(self.config).config.connections["pg"])
+        self._offsets: AIOKafkaConsumer | None = None
         self.run("install")
 
-    def bridge(self, *args: str) -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "bridge", *args, "-c", str(self.config)]
-        return subprocess.Popen(
-            [*command, "--log-level", "WARNING"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    def bridge(self, *args: str) -> BridgeProcess:
+        return BridgeProcess(self.config, *args)
 
     def run(self, *args: str) -> None:
-        process = self.bridge(*args)
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
-        assert "Traceback" not in err, err
+        """Run the bridge to its end; it must exit 0 without a traceback."""
+        with self.bridge(*args).start() as bridge:
+            code = bridge.wait()
+        assert code == 0, bridge.output()
+        assert "Traceback" not in bridge.output(), bridge.output()
 
     async def fill_pg(self) -> set[str]:
         ids = [f"m{i}" for i in range(TOTAL)]
@@ -122,6 +119,14 @@ class Rig:
 
     async def pg_depth(self, queue: str) -> int:
         return (await self.pg.peek(queue)).depth
+
+    async def kafka_count(self) -> int:
+        """Records in the topic: the sum of its partitions' end offsets."""
+        if self._offsets is None:
+            self._offsets = AIOKafkaConsumer(bootstrap_servers=self.kafka)
+            await self._offsets.start()
+        partitions = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
+        return sum((await self._offsets.end_offsets(partitions)).values())
 
     async def kafka_ids(self) -> list[str]:
         consumer = AIOKafkaConsumer(
@@ -184,6 +189,8 @@ class Rig:
         return set(ids)
 
     async def close(self) -> None:
+        if self._offsets is not None:
+            await self._offsets.stop()
         await self.pg.close()
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
         channel = connection.channel()
@@ -201,74 +208,73 @@ async def rig(
     await r.close()
 
 
-def report(case: str, sent: set[str], delivered: list[str], bound: int) -> None:
-    counts = Counter(delivered)
-    lost = len(sent - counts.keys())
-    duplicated = sum(counts.values()) - len(counts)
-    print(
-        f"\n{case}: sent={len(sent)} delivered={len(delivered)} lost={lost} "
-        f"duplicated={duplicated} (in-flight bound {bound})"
-    )
-    assert lost == 0, f"{case}: lost {lost}"
-    assert counts.keys() <= sent, f"{case}: delivered ids that were never sent"
-    assert duplicated <= bound, f"{case}: {duplicated} duplicates > {bound} in flight"
-
-
 async def kill_mid_stream(
-    rig: Rig, route: str, progress: Callable[[], Awaitable[int]], kills: int = 3
-) -> int:
-    """Start the route, wait until it moves, kill -9 at a random moment; `kills` times."""
+    bridge: BridgeProcess, delivered: Callable[[], Awaitable[int]]
+) -> list[int]:
+    """Start the route and kill -9 it while messages move, KILLS times; the delivered count
+    right after each kill, which must be past 0 and short of TOTAL.
+
+    The k-th kill comes once the count passed a random point in the k-th of KILLS + 1 equal
+    slices of the stream, and this start of the bridge has delivered something itself.
+    """
     rng = random.Random(os.getpid())
-    done = 0
-    for _ in range(kills):
-        before = await progress()
-        if before >= TOTAL:
-            break
-        process = rig.bridge("run", "--route", route)
+    at_kills = []
+    for k in range(KILLS):
+        target = TOTAL * (k + rng.random()) / (KILLS + 1)
+        before = await delivered()
+        bridge.restart()  # the first time, a plain start
         deadline = time.monotonic() + 60
-        while await progress() == before:
-            assert time.monotonic() < deadline and process.poll() is None, process.stderr
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(rng.uniform(0.05, 0.6))
-        process.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(process.communicate)
-        done += 1
-    return done
+        while (count := await delivered()) <= before or count < target:
+            assert bridge.running, f"the bridge exited: {bridge.output()}"
+            assert time.monotonic() < deadline, f"no progress past {count} of {TOTAL}"
+            await asyncio.sleep(0.02)
+        bridge.kill()
+        count = await delivered()
+        assert 0 < count < TOTAL, f"kill {k + 1} came with {count} of {TOTAL} delivered"
+        at_kills.append(count)
+    assert bridge.kills == len(at_kills) >= 3
+    return at_kills
+
+
+def killed_at(at_kills: list[int]) -> str:
+    return f"kill -9 at {'/'.join(map(str, at_kills))}"
 
 
 async def test_pg_to_kafka_kill_9(rig: Rig) -> None:
     sent = await rig.fill_pg()
-
-    async def moved() -> int:
-        return TOTAL - await rig.pg_depth(rig.src)
-
-    kills = await kill_mid_stream(rig, "pg-to-kafka", moved)
+    with rig.bridge("run", "--route", "pg-to-kafka") as bridge:
+        at_kills = await kill_mid_stream(bridge, rig.kafka_count)
     await asyncio.to_thread(rig.run, "run", "--route", "pg-to-kafka", "--until-idle", "1")
     assert await rig.pg_depth(rig.src) == 0
-    report(f"pg->kafka kill -9 x{kills}", sent, await rig.kafka_ids(), kills * IN_FLIGHT)
+    bound = len(at_kills) * IN_FLIGHT
+    report(f"pg->kafka, {killed_at(at_kills)}", sent, await rig.kafka_ids(), bound)
 
 
 async def test_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
     sent = await rig.fill_pg()
 
-    async def moved() -> int:
-        return TOTAL - await rig.pg_depth(rig.src)
+    async def delivered() -> int:
+        return await asyncio.to_thread(rig.rabbit_depth)
 
-    kills = await kill_mid_stream(rig, "pg-to-rabbit", moved)
+    with rig.bridge("run", "--route", "pg-to-rabbit") as bridge:
+        at_kills = await kill_mid_stream(bridge, delivered)
     await asyncio.to_thread(rig.run, "run", "--route", "pg-to-rabbit", "--until-idle", "1")
-    report(f"pg->rabbitmq kill -9 x{kills}", sent, rig.rabbit_ids(), kills * IN_FLIGHT)
+    bound = len(at_kills) * IN_FLIGHT
+    report(f"pg->rabbitmq, {killed_at(at_kills)}", sent, rig.rabbit_ids(), bound)
 
 
 async def test_rabbitmq_to_pg_kill_9(rig: Rig) -> None:
     sent = await asyncio.to_thread(rig.fill_rabbit)
 
-    async def moved() -> int:
+    async def delivered() -> int:
         return await rig.pg_depth(rig.dst)
 
-    kills = await kill_mid_stream(rig, "rabbit-to-pg", moved)
+    with rig.bridge("run", "--route", "rabbit-to-pg") as bridge:
+        at_kills = await kill_mid_stream(bridge, delivered)
     await asyncio.to_thread(rig.run, "run", "--route", "rabbit-to-pg", "--until-idle", "2")
     assert rig.rabbit_depth() == 0
-    report(f"rabbitmq->pg kill -9 x{kills}", sent, await rig.pg_ids(rig.dst), kills * IN_FLIGHT)
+    bound = len(at_kills) * IN_FLIGHT
+    report(f"rabbitmq->pg, {killed_at(at_kills)}", sent, await rig.pg_ids(rig.dst), bound)
 
 
 def _rabbitmqctl(*args: str) -> None:
@@ -291,20 +297,20 @@ async def outage(
     start: Callable[[], None],
 ) -> None:
     """Run the route, take the service away mid-stream for a few seconds, bring it back."""
-    process = rig.bridge("run", "--route", route, "--until-idle", "3")
-    deadline = time.monotonic() + 60
-    while await progress() == 0:
-        assert time.monotonic() < deadline and process.poll() is None
-        await asyncio.sleep(0.05)
-    await asyncio.to_thread(stop)
-    try:
-        await asyncio.sleep(3)
-        assert process.poll() is None, "the bridge must stay up through the outage"
-    finally:
-        await asyncio.to_thread(start)
-    _, err = await asyncio.to_thread(process.communicate, timeout=300)
-    assert process.returncode == 0, err
-    assert "Traceback" not in err
+    with rig.bridge("run", "--route", route, "--until-idle", "3").start() as bridge:
+        deadline = time.monotonic() + 60
+        while await progress() == 0:
+            assert time.monotonic() < deadline and bridge.running, bridge.output()
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(stop)
+        try:
+            await asyncio.sleep(3)
+            assert bridge.running, "the bridge must stay up through the outage"
+        finally:
+            await asyncio.to_thread(start)
+        code = await asyncio.to_thread(bridge.wait)
+    assert code == 0, bridge.output()
+    assert "Traceback" not in bridge.output()
 
 
 async def test_rabbitmq_restart_mid_stream(rig: Rig) -> None:

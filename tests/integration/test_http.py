@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sqlite3
+import struct
 import subprocess
 import sys
 import textwrap
@@ -13,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -74,10 +77,20 @@ POISON = ("not json", None)
 EXPIRED = ('{"NServiceBus.MessageId": "late"}', "2000-01-01T00:00:00.000Z")
 
 
+@dataclass
+class Service:
+    port: int
+    log: Path  # what the bridge writes to stderr
+
+
 @contextmanager
 def service(
-    tmp_path: Path, destination: str, count: int, rows: tuple[tuple[str, str | None], ...] = ()
-) -> Iterator[int]:
+    tmp_path: Path,
+    destination: str,
+    count: int,
+    rows: tuple[tuple[str, str | None], ...] = (),
+    log_level: str = "INFO",
+) -> Iterator[Service]:
     """`bridge run` of one route from SQLite to `destination`, with `count` messages waiting
     (after `rows`: raw (headers, expires) rows of the source table)."""
     setup = write_routes(tmp_path / "setup.yaml", 0, "b")
@@ -92,21 +105,24 @@ def service(
         subprocess.run(send, check=True, capture_output=True)
     port = free_port()
     config = write_routes(tmp_path / "routes.yaml", port, destination)
-    process = subprocess.Popen(
-        [*BRIDGE, "run", "-c", str(config)], stderr=subprocess.PIPE, text=True
-    )
+    log = tmp_path / "bridge.log"
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            [*BRIDGE, "run", "-c", str(config), "--log-level", log_level], stderr=stderr
+        )
     try:
-        yield port
+        yield Service(port, log)
     finally:
         process.terminate()
-        _, err = process.communicate(timeout=30)
+        process.wait(timeout=30)
+        err = log.read_text()
         assert process.returncode == 0, err  # SIGTERM: finish the batch, commit, exit 0
         assert SECRET not in err
 
 
 def test_health_readiness_routes_and_metrics(tmp_path: Path) -> None:
-    with service(tmp_path, "b", 40, rows=(POISON, EXPIRED)) as port:
-        check_running_service(port)
+    with service(tmp_path, "b", 40, rows=(POISON, EXPIRED)) as running:
+        check_running_service(running.port)
 
 
 def metric(text: str, name: str, route: str = "a-to-b", **labels: str) -> float:
@@ -153,7 +169,8 @@ def check_running_service(port: int) -> None:
 
 
 def test_a_route_in_backoff_is_not_ready_and_says_why(tmp_path: Path) -> None:
-    with service(tmp_path, "down", 1) as port:
+    with service(tmp_path, "down", 1) as running:
+        port = running.port
         wait_for(lambda: get(port, "/readyz")[0] == 503)
         wait_for(lambda: json.loads(get(port, "/routes")[1])["routes"][0]["last_error"])
         _, body = get(port, "/readyz")
@@ -174,7 +191,8 @@ def test_an_unreachable_destination_is_not_ready_behind_an_empty_source(
 ) -> None:
     """Sinks connect at their first send; the route's probe must find the outage before."""
     name = f"a-to-{destination}"
-    with service(tmp_path, destination, 0) as port:
+    with service(tmp_path, destination, 0) as running:
+        port = running.port
         wait_for(lambda: json.loads(get(port, "/routes")[1])["routes"][0]["last_error"])
         status, body = get(port, "/readyz")
         assert status == 503
@@ -184,3 +202,26 @@ def test_an_unreachable_destination_is_not_ready_behind_an_empty_source(
         assert "TransportUnavailable" in route["last_error"]
         assert "127.0.0.1" in route["last_error"] or destination in route["last_error"]
         assert SECRET not in route["last_error"]
+
+
+def test_a_client_resetting_its_connection_costs_one_debug_line_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    """A probe that gives up closes with a TCP reset, before or in the middle of its request.
+    The service notes each at DEBUG, logs no error or traceback, and answers the next one."""
+    with service(tmp_path, "b", 0, log_level="DEBUG") as running:
+        wait_for(lambda: get(running.port, "/readyz")[0] == 200)
+        for request in (b"", b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n"):
+            with socket.create_connection(("127.0.0.1", running.port), timeout=5) as client:
+                # linger on, timeout 0: close() sends RST instead of FIN
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.sendall(request)
+        wait_for(lambda: running.log.read_text().count("left early") == 2)
+        assert get(running.port, "/healthz") == (200, b'{"status": "ok"}')
+        assert get(running.port, "/readyz")[0] == 200
+    log = running.log.read_text()
+    resets = [line for line in log.splitlines() if "left early" in line]
+    assert len(resets) == 2 and all(" DEBUG bridge.http: " in line for line in resets), resets
+    assert "Connection reset by peer" in resets[0]
+    assert "Traceback" not in log and "Exception occurred" not in log, log
+    assert not [line for line in log.splitlines() if " ERROR " in line], log
