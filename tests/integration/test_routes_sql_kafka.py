@@ -49,6 +49,7 @@ def connection_yaml(dialect: str, tmp_path: Path, pg_dsn: str, schema: str) -> s
 class Setup:
     def __init__(self, tmp_path: Path, dialect: str, kafka: str, pg_dsn: str, schema: str) -> None:
         self.tmp_path = tmp_path
+        self.dialect = dialect
         self.kafka = kafka
         self.topic = unique("topic")
         self.group = unique("group")
@@ -299,10 +300,13 @@ async def test_order_is_kept_within_a_key(setup: Setup) -> None:
 
 
 async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: Setup) -> None:
-    """Each bridge stamps what it forwards (a header rule), so the test sees both worked. Both
-    are ready before the first message is written, and the messages arrive in 20 writes over
-    two seconds, 2 a batch: neither can have drained the table before the other was polling it
-    (on a busy machine one bridge could take all of a backlog written before the other was up)."""
+    """Both bridges are ready before the first message is written, and the messages arrive in
+    20 writes over two seconds, 2 a batch. Each bridge stamps what it forwards (a header rule).
+    On PostgreSQL (`SKIP LOCKED`) both take rows, and the test requires it. SQLite has one
+    writer at a time: a receive holds the file's write lock until its batch is committed, the
+    bridge that has it takes it again at once while the other sleeps in SQLite's busy handler,
+    so there the second bridge may take nothing (CI saw 1000/0); what holds is that no row is
+    forwarded twice."""
     configs = [setup.tmp_path / f"routes-{name}.yaml" for name in ("a", "b")]
     ports = [free_port(), free_port()]
     for name, path, port in zip("ab", configs, ports, strict=True):
@@ -333,7 +337,9 @@ async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: 
     assert max(counts.values()) == 1
     by_bridge = Counter(e.headers.get("Bridge") for _, e in records)
     print(f"forwarded by each bridge: {dict(by_bridge)}")
-    assert by_bridge.keys() == {"a", "b"} and by_bridge.total() == 1000
+    assert by_bridge.total() == 1000 and by_bridge.keys() <= {"a", "b"}
+    if setup.dialect == "postgresql":
+        assert by_bridge.keys() == {"a", "b"}
 
 
 @pytest.mark.parametrize("setup", ["sqlite"], indirect=True)
