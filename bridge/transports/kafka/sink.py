@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka.errors import UnknownTopicOrPartitionError
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from bridge.envelope import Envelope
@@ -48,12 +47,9 @@ from bridge.errors import (
 from bridge.protocols import Checkpoint
 from bridge.transports.kafka.errors import DRIVER_ERRORS, translate
 from bridge.transports.kafka.headers import Record, key_header, to_record
+from bridge.transports.kafka.partition import partitions_for
 
 __all__ = ["KafkaSink", "ProducerFactory", "produce", "refused_batch"]
-
-# The producer's own default: murmur2 of the key modulo the partition count (as the Java client),
-# a random available partition for no key.
-_partitioner = DefaultPartitioner()
 
 #: Returns the transport's started producer (an `aiokafka.AIOKafkaProducer`).
 ProducerFactory = Callable[[], Awaitable[Any]]
@@ -153,14 +149,17 @@ async def _record_batches(
 ) -> list[tuple[int, int, Any]]:
     """(index of its first record, partition, closed BatchBuilder), in the order to send them.
 
-    Partitions are chosen as the producer's own `send` would, so keys keep their partition.
+    Partitions are chosen as the producer's own `send` would (`partition.py`), so keys keep
+    their partition.
     """
     every = sorted(await producer.partitions_for(topic))
     available = sorted(producer.client.cluster.available_partitions_for_topic(topic)) or every
     batches: list[tuple[int, int, Any]] = []
     open_builders: dict[int, Any] = {}
-    for index, (key, value, headers, timestamp_ms) in enumerate(records):
-        partition = _partitioner(key, every, available)
+    chosen = partitions_for([record.key for record in records], every, available)
+    for index, ((key, value, headers, timestamp_ms), partition) in enumerate(
+        zip(records, chosen, strict=True)
+    ):
         builder = open_builders.get(partition)
         if builder is None or (
             builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers) is None
