@@ -630,6 +630,30 @@ async def test_a_fenced_checkpoint_is_stored_over_the_position_its_batch_started
     assert ids(await drain(db, name)) == ["id-1", "id-4"]
 
 
+async def test_one_moved_position_of_several_rolls_the_whole_send_back(db: Db) -> None:
+    """Positions written in one call (PostgreSQL, SQLite) are checked together: one that
+    another writer moved fails the send, and none of the others is stored."""
+    name = await queue(db)
+    sink = db.transport.sink(name)
+    start = {"g/t/0": 10, "g/t/1": 20, "g/t/2": 30}
+    try:
+        await sink.send([message(1)], FencedCheckpoint(start, dict.fromkeys(start)))
+        with pytest.raises(PositionMoved, match="'g/t/1' is no longer at 19"):
+            await sink.send(
+                [message(2)],
+                FencedCheckpoint(
+                    {"g/t/0": 11, "g/t/1": 21, "g/t/2": 31, "g/t/3": 1},
+                    {"g/t/0": 10, "g/t/1": 19, "g/t/2": 30, "g/t/3": None},
+                ),
+            )
+        assert await sink.load_checkpoint("g/") == start
+        await sink.send([message(3)], FencedCheckpoint({"g/t/1": 21, "g/t/2": 31}, start))
+        assert await sink.load_checkpoint("g/") == {"g/t/0": 10, "g/t/1": 21, "g/t/2": 31}
+    finally:
+        await sink.close()
+    assert ids(await drain(db, name)) == ["id-1", "id-3"]
+
+
 async def test_table_names_with_dots_spaces_and_quotes(db: Db) -> None:
     names = [unique("Sales.Delayed"), unique("my queue"), unique('say "hi".v2'), unique("50%")]
     await db.transport.install(names)

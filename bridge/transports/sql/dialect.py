@@ -65,6 +65,9 @@ class Dialect(ABC):
     placeholder: ClassVar[str]
     #: The database clock's current UTC time, in the type its layouts store `Expires` as.
     utc_now: ClassVar[str]
+    #: Whether `executemany` leaves the sum of every statement's affected rows in `rowcount`
+    #: (psycopg, sqlite3); a fenced checkpoint write is then one call instead of one per position.
+    summed_rowcount: ClassVar[bool] = False
 
     def __init__(self, connection_name: str, layout: str) -> None:
         self.connection_name = connection_name

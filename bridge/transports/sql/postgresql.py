@@ -58,6 +58,7 @@ class PostgresDialect(Dialect):
     kind = "postgresql"
     placeholder = "%s"
     utc_now = "(now() AT TIME ZONE 'UTC')"
+    summed_rowcount = True
 
     def __init__(self, connection_name: str, config: PostgresConnection) -> None:
         self.config = config

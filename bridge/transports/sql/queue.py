@@ -346,6 +346,18 @@ class SqlSink:
         positions: list[tuple[str, int]],
         conflict: type[CheckpointConflict] = CheckpointConflict,
     ) -> None:
+        if self._dialect.summed_rowcount:  # one call per kind, not a round trip per position
+            new = [(name, position) for name, position in positions if fence.get(name) is None]
+            moved = [(p, name, fence[name]) for name, p in positions if fence.get(name) is not None]
+            for statement, rows, names in (
+                (self._checkpoints.insert_new, new, [name for name, _ in new]),
+                (self._checkpoints.advance, moved, [name for _, name, _ in moved]),
+            ):
+                if rows:
+                    cursor.executemany(statement, rows)
+                    if cursor.rowcount != len(rows):
+                        raise self._fence_conflict(conflict, fence, names)
+            return
         for name, position in positions:
             expected = fence.get(name)
             if expected is None:
@@ -353,11 +365,25 @@ class SqlSink:
             else:
                 cursor.execute(self._checkpoints.advance, (position, name, expected))
             if cursor.rowcount != 1:
-                raise conflict(
-                    f"{self._dialect.describe()}: checkpoint {name!r} is no longer at "
-                    f"{'no position' if expected is None else expected}: another writer "
-                    "stored it first; this send was rolled back"
-                )
+                raise self._fence_conflict(conflict, fence, [name])
+
+    def _fence_conflict(
+        self,
+        conflict: type[CheckpointConflict],
+        fence: Mapping[str, int | None],
+        names: list[str],
+    ) -> CheckpointConflict:
+        """Which positions moved is unknown when several were written in one call."""
+        where = ", ".join(
+            f"{name!r} is no longer at "
+            + ("no position" if fence.get(name) is None else str(fence.get(name)))
+            for name in names
+        )
+        which = " (at least one of them)" if len(names) > 1 else ""
+        return conflict(
+            f"{self._dialect.describe()}: checkpoint {where}{which}: another writer stored it "
+            "first; this send was rolled back"
+        )
 
     def _create_checkpoint_table(self, db: DbConnection) -> None:
         if not self._dialect.table_exists(db, self._checkpoints.table):

@@ -46,6 +46,7 @@ class SqliteDialect(Dialect):
     kind = "sqlite"
     placeholder = "?"
     utc_now = "julianday('now')"
+    summed_rowcount = True
 
     def __init__(self, connection_name: str, config: SqliteConnection) -> None:
         self.config = config
