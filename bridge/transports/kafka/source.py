@@ -158,6 +158,7 @@ class KafkaSource:
             self.REVOKE_GRACE, consumer_kwargs.get("session_timeout_ms", 10_000) / 2000
         )
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
+        self._behind: asyncio.Task[None] | None = None  # the commit behind the batches, if any
         self._errors = ErrorTopic(producer, error_queue, topic, max_request_size)
         self._joined = False  # the group gave this consumer its (possibly empty) assignment
         self._drained = False
@@ -278,6 +279,9 @@ class KafkaSource:
         return FencedCheckpoint(positions, expected)
 
     async def close(self) -> None:
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            await behind  # the last positions reach the group before the consumer leaves
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             with kafka_errors(f"close the consumer of group {self.group!r}"):
@@ -303,6 +307,28 @@ class KafkaSource:
         if len(owned) < len(offsets):
             self._handed_over(offsets.keys() - owned.keys(), "no longer assigned")
         if not owned:
+            return
+        if self._store is None:
+            await self._commit_offsets(owned)
+            return
+        # The destination stored these positions with the rows, and a partition resumes from
+        # there: the group's offsets only say how far it got (lag, tools). So the commit runs
+        # behind the next batch instead of costing each batch a broker round trip; at most one
+        # is in flight, in order.
+        behind = self._behind
+        if behind is not None and not behind.done():
+            await behind
+        self._behind = asyncio.create_task(self._commit_behind(owned))
+
+    async def _commit_behind(self, owned: dict[TopicPartition, int]) -> None:
+        try:
+            await self._commit_offsets(owned)
+        except Exception as exc:  # the next commit carries later positions
+            log.info("group %s: offsets not committed: %s", self.group, exc)
+
+    async def _commit_offsets(self, owned: dict[TopicPartition, int]) -> None:
+        consumer = self._consumer
+        if consumer is None:
             return
         timeout = self._consumer_kwargs.get("request_timeout_ms", 40_000) / 1000
         try:
