@@ -4,8 +4,16 @@ competing loops.
 Guarantees
     The source is committed only after `Sink.send` returned, i.e. after the destination durably
     accepted the whole batch; any failure before that aborts the batch, so its messages stay at
-    (or return to) the source. Memory is bounded by `batch_size * concurrency`: a loop does not
-    receive again before its batch is settled, so a slow destination slows the source.
+    (or return to) the source. Memory is bounded by `batch_size * concurrency` (twice that for a
+    source that `receives_ahead`): a loop does not receive again before its batch is settled,
+    or, receiving ahead, before the batch received ahead is sent, so a slow destination slows
+    the source.
+
+Pipeline
+    A loop whose source `receives_ahead` (an SQL queue table on PostgreSQL or SQL Server)
+    receives the next batch while it sends the current one; batches are still sent and settled
+    one after the other, in the order they were received, so a loop keeps the source's order.
+    When a batch fails, the one received ahead of it goes back to the source too.
 
 State
     Each loop has its own state and the route's is derived from them: `backoff` when any loop
@@ -155,17 +163,24 @@ class RouteRunner:
         source, sink = self._endpoints()
         backoff = Backoff()
         reached = self._probe is None
+        ahead = (
+            _ReceiveAhead(source, self.route.batch_size, self._poll_timeout)
+            if getattr(source, "receives_ahead", False)
+            else None
+        )
         try:
             while not self._stopping.is_set():
                 try:
                     if not reached and self._probe is not None:
                         await self._probe()
                         reached = True
-                    await self._forward_one_batch(index, source, sink)
+                    await self._forward_one_batch(index, source, sink, ahead)
                     self._mark_polled(index, source)
                     backoff.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
                     aborted, self._in_hand[index] = self._in_hand[index], 0
+                    if ahead is not None:
+                        await ahead.discard()  # received after the failed batch: not before it
                     if not getattr(exc, "retriable", False) and self._stop_on_fatal:
                         self.fatal = exc
                         self._set_state("failed")
@@ -174,6 +189,8 @@ class RouteRunner:
                     reached = self._probe is None
                     await self._back_off(index, exc, backoff, aborted)
         finally:
+            if ahead is not None:
+                await ahead.discard()
             await _close(source, sink)
 
     def _mark_polled(self, index: int, source: Source) -> None:
@@ -190,16 +207,27 @@ class RouteRunner:
             self._not_ready.add(index)
             self._polled_at = None
 
-    async def _forward_one_batch(self, index: int, source: Source, sink: Sink) -> None:
-        batch = await source.receive_batch(self.route.batch_size, self._poll_timeout)
+    async def _forward_one_batch(
+        self, index: int, source: Source, sink: Sink, ahead: _ReceiveAhead | None
+    ) -> None:
+        if ahead is not None:
+            batch = await ahead.take()
+        else:
+            batch = await source.receive_batch(self.route.batch_size, self._poll_timeout)
         async with batch:
             if batch.messages or batch.poison or batch.expired:
+                if ahead is not None:
+                    ahead.start()  # the next batch is received while this one is sent
                 self._busy += 1
                 count = self._in_hand[index] = len(batch.messages) + len(batch.poison)
                 started = time.perf_counter()
                 self.metrics.received(count)
                 try:
                     await self._forward(batch, sink)
+                except BaseException:
+                    if ahead is not None:  # returned first, so this batch goes back before it
+                        await ahead.discard()
+                    raise
                 finally:
                     self.metrics.settled(count, started)
                     self._busy -= 1
@@ -336,6 +364,43 @@ class RouteRunner:
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+
+class _ReceiveAhead:
+    """The next batch of a source that `receives_ahead`, received while the loop sends the
+    current one. The loop still sends and settles batches one at a time, in the order they
+    were received; a batch received ahead of a failed one is returned to the source."""
+
+    def __init__(self, source: Source, max_messages: int, timeout: float) -> None:
+        self._source = source
+        self._max_messages = max_messages
+        self._timeout = timeout
+        self._task: asyncio.Task[ReceivedBatch] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            self._source.receive_batch(self._max_messages, self._timeout)
+        )
+
+    async def take(self) -> ReceivedBatch:
+        task, self._task = self._task, None
+        if task is None:
+            return await self._source.receive_batch(self._max_messages, self._timeout)
+        return await task
+
+    async def discard(self) -> None:
+        """Stop the receive ahead, or return the batch it took."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+        if task.cancelled() or task.exception() is not None:
+            return  # nothing taken (a cancelled receive rolls its own transaction back)
+        try:
+            await task.result().abort()
+        except Exception as exc:  # the source returns what it held when its connection goes
+            log.debug("returning a batch received ahead failed: %s", exc)
 
 
 async def _close(source: Source, sink: Sink) -> None:

@@ -57,10 +57,14 @@ def _copy(envelope: Envelope) -> Envelope:
 
 
 class MemorySource:
-    def __init__(self, broker: Broker, address: str, error_queue: str | None) -> None:
+    def __init__(
+        self, broker: Broker, address: str, error_queue: str | None, receives_ahead: bool = False
+    ) -> None:
         self._broker = broker
         self._address = address
         self._error_queue = error_queue
+        #: May hold more than one batch (aborting the later first keeps the queue's order).
+        self.receives_ahead = receives_ahead
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         queue = self._broker.queue(self._address)
@@ -122,9 +126,17 @@ class MemorySink:
 
 
 class Transport:
-    def __init__(self, name: str = "memory", config: object = None, broker: Broker = BROKER):
+    def __init__(
+        self,
+        name: str = "memory",
+        config: object = None,
+        broker: Broker = BROKER,
+        *,
+        receives_ahead: bool = False,
+    ):
         self.name = name
         self.broker = broker
+        self.receives_ahead = receives_ahead
 
     def source(
         self,
@@ -134,7 +146,7 @@ class Transport:
         error_queue: str | None = None,
         checkpoint_store: CheckpointStore | None = None,
     ) -> MemorySource:
-        return MemorySource(self.broker, address, error_queue)
+        return MemorySource(self.broker, address, error_queue, self.receives_ahead)
 
     def sink(self, address: str, *, key: str | None = None) -> MemorySink:
         return MemorySink(self.broker, address)

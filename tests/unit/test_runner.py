@@ -96,8 +96,9 @@ def state_changes(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [m for m in messages if re.fullmatch(r"route \S+: \w+ -> \w+", m)]
 
 
-async def test_forwards_everything_in_order_and_empties_the_source() -> None:
-    transport = Transport(broker=Broker())
+@pytest.mark.parametrize("ahead", [False, True], ids=["one-at-a-time", "receiving-ahead"])
+async def test_forwards_everything_in_order_and_empties_the_source(ahead: bool) -> None:
+    transport = Transport(broker=Broker(), receives_ahead=ahead)
     route = make_route(batch_size=7)
     await transport.sink(route.from_.address).send([message(i) for i in range(50)])
     runner = runner_for(route, transport)
@@ -145,8 +146,9 @@ async def test_header_rules_and_address_map() -> None:
     assert second.headers.get("NServiceBus.ReplyToAddress") == "Other@[dbo]@[nsb]"  # type: ignore[union-attr]
 
 
-async def test_failing_destination_keeps_messages_at_source_until_it_recovers() -> None:
-    transport = Transport(broker=Broker())
+@pytest.mark.parametrize("ahead", [False, True], ids=["one-at-a-time", "receiving-ahead"])
+async def test_failing_destination_keeps_messages_at_source_until_it_recovers(ahead: bool) -> None:
+    transport = Transport(broker=Broker(), receives_ahead=ahead)
     route = make_route(batch_size=10)
     await transport.sink(route.from_.address).send([message(i) for i in range(25)])
     sink = FlakySink(transport.sink(route.to.address), 3, TransportUnavailable("db down"))
@@ -165,6 +167,47 @@ async def test_failing_destination_keeps_messages_at_source_until_it_recovers() 
     assert runner.stats.last_error == "TransportUnavailable: db down"
     bodies = [e.body for e in transport.broker.queue(route.to.address)]  # type: ignore[union-attr]
     assert bodies == [f"body-{i}".encode() for i in range(25)]
+
+
+class WatchingSink:
+    """Records, during each send, how many messages are left at the source."""
+
+    def __init__(self, inner: Sink, source: Sequence[object]) -> None:
+        self.inner, self.source, self.left = inner, source, list[int]()
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        await asyncio.sleep(0.02)  # a destination round trip
+        self.left.append(len(self.source))
+        await self.inner.send(envelopes, checkpoint)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_source_receiving_ahead_has_the_next_batch_taken_while_one_is_sent() -> None:
+    transport = Transport(broker=Broker(), receives_ahead=True)
+    route = make_route(batch_size=10)
+    await transport.sink(route.from_.address).send([message(i) for i in range(40)])
+    source = transport.broker.queue(route.from_.address)
+    sink = WatchingSink(transport.sink(route.to.address), source)
+    dst = transport.broker.queue(route.to.address)
+    await run_until(runner_for(route, transport, sink), lambda: len(dst) == 40)
+    assert sink.left == [20, 10, 0, 0]  # one batch in the send, the next one taken
+    assert [e.body for e in dst] == [f"body-{i}".encode() for i in range(40)]  # type: ignore[union-attr]
+
+
+async def test_a_batch_received_ahead_goes_back_when_the_route_stops() -> None:
+    transport = Transport(broker=Broker(), receives_ahead=True)
+    route = make_route(batch_size=10)
+    await transport.sink(route.from_.address).send([message(i) for i in range(30)])
+    source = transport.broker.queue(route.from_.address)
+    sink = WatchingSink(transport.sink(route.to.address), source)
+    dst = transport.broker.queue(route.to.address)
+    await run_until(runner_for(route, transport, sink), lambda: len(dst) >= 10)
+    assert len(dst) + len(source) == 30
+    assert [e.body for e in [*dst, *source]] == [f"body-{i}".encode() for i in range(30)]  # type: ignore[union-attr]
 
 
 async def test_non_retriable_failure_in_drain_mode_stops_the_route_without_loss() -> None:

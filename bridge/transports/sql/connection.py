@@ -28,8 +28,9 @@ T = TypeVar("T")
 
 
 class Connection:
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, *, receiving: bool = False) -> None:
         self._dialect = dialect
+        self._receiving = receiving  # a source's: see `Dialect.receiving_session`
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"bridge-{dialect.kind}-{dialect.connection_name}"
         )
@@ -62,7 +63,14 @@ class Connection:
     def _call(self, work: Callable[[DbConnection], T]) -> T:
         try:
             if self._db is None:
-                self._db = self._dialect.connect()
+                db = self._dialect.connect()
+                if self._receiving:
+                    try:
+                        self._dialect.receiving_session(db)
+                    except BaseException:
+                        db.close()
+                        raise
+                self._db = db
             return work(self._db)
         except BridgeError:
             self._roll_back_or_drop()

@@ -68,6 +68,8 @@ class Dialect(ABC):
     #: Whether `executemany` leaves the sum of every statement's affected rows in `rowcount`
     #: (psycopg, sqlite3); a fenced checkpoint write is then one call instead of one per position.
     summed_rowcount: ClassVar[bool] = False
+    #: Whether two transactions can delete rows of one table at once (not SQLite: one writer).
+    concurrent_writers: ClassVar[bool] = True
 
     def __init__(self, connection_name: str, layout: str) -> None:
         self.connection_name = connection_name
@@ -82,6 +84,15 @@ class Dialect(ABC):
     @abstractmethod
     def translate(self, exc: Exception) -> TransportError | None:
         """The bridge error for a driver exception; None when `exc` is not the driver's."""
+
+    def receiving_session(self, db: DbConnection) -> None:  # noqa: B027 - not every database
+        """Set up a source's connection, right after it opened.
+
+        A source's transactions only delete what was already sent (and insert error-queue copies
+        of what is deleted, in the same transaction): a commit the database loses in a crash
+        brings those rows back, so they are sent again (duplicates), and nothing is lost. Where
+        the database allows it per session, such commits do not wait for the log flush.
+        """
 
     def begin(self, db: DbConnection) -> None:  # noqa: B027 - most drivers begin implicitly
         """Start a write transaction explicitly where the driver does not do it implicitly."""

@@ -81,6 +81,12 @@ class PostgresDialect(Dialect):
     def translate(self, exc: Exception) -> TransportError | None:
         return postgresql_error(self.describe(), exc)
 
+    def receiving_session(self, db: DbConnection) -> None:
+        # A receive's commit returns before its WAL record is flushed (it is flushed within
+        # 3 x wal_writer_delay): a server crash in between can only undo the receive.
+        db.cursor().execute("SET synchronous_commit = off")
+        db.commit()
+
     def alive(self, db: DbConnection) -> bool:
         return not (getattr(db, "closed", False) or getattr(db, "broken", False))
 

@@ -41,8 +41,17 @@ Sequence ranges
     rows a range source holds, and vice versa). `bounds`, `count_range` and `scan_range` read
     the sequence without taking anything.
 
-Each source and sink owns one connection, driven from its own thread
-(`bridge.transports.sql.connection`); the transport keeps one more for install/check/peek.
+Receiving ahead
+    Where two transactions can delete from one table at once (PostgreSQL, SQL Server: not
+    SQLite, and not for a source whose sink writes in its transaction), a source may receive
+    one more batch while it holds one (`receives_ahead`): the second is taken on a second
+    connection, opened when first needed, and skips the rows the first holds. The runner uses
+    it to receive the next batch while the current one is being sent, and still sends and
+    commits them one after the other, in order.
+
+Each source and sink owns one connection (a source receiving ahead: two), driven from its own
+thread (`bridge.transports.sql.connection`); the transport keeps one more for
+install/check/peek.
 """
 
 from __future__ import annotations
@@ -131,47 +140,82 @@ class SqlSource:
         self._error_queue = error_queue
         if error_queue is not None:
             dialect.table(error_queue)  # an impossible name fails now, not at the first poison
-        self._connection = Connection(dialect)
-        self._holding = False
+        self._connection = Connection(dialect, receiving=True)
+        self._ahead: Connection | None = None  # the second, for a receive ahead of a held batch
+        self._in_use: set[Connection] = set()  # receiving, or holding a batch's transaction
+        self._borrowed = False  # a sink writes in this source's transactions
         self._poll_delay = MIN_POLL  # after the next empty poll
         self._next_poll = 0.0  # loop time; 0: now
+
+    @property
+    def receives_ahead(self) -> bool:
+        """Whether one more batch may be received while one is held (on a second connection).
+
+        Not on SQLite (one writer: the second receive would only wait for the first commit)
+        and not when a sink writes in this source's transaction (it follows one connection).
+        """
+        return self._dialect.concurrent_writers and not self._borrowed
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
-        if self._holding:
-            raise SettleError("receive_batch called before the previous batch was settled")
+        connection = self._free_connection()
+        self._in_use.add(connection)
+        batch: Batch | None = None
+        try:
+            batch = await self._poll(connection, max_messages, timeout)
+        finally:
+            if batch is None:  # nothing taken: no transaction held
+                self._in_use.discard(connection)
+        return batch if batch is not None else Batch()
+
+    def _free_connection(self) -> Connection:
+        if self._connection not in self._in_use:
+            return self._connection
+        if self.receives_ahead:
+            if self._ahead is None:
+                self._ahead = Connection(self._dialect, receiving=True)
+            if self._ahead not in self._in_use:
+                return self._ahead
+        raise SettleError("receive_batch called before the previous batch was settled")
+
+    async def _poll(
+        self, connection: Connection, max_messages: int, timeout: float
+    ) -> Batch | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         while True:
             if self._next_poll > deadline:
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
-                return Batch()
+                return None
             wait = self._next_poll - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            taken = await self._take(max_messages)
+            taken = await self._take(connection, max_messages)
             if taken is not None:
                 self._poll_delay, self._next_poll = MIN_POLL, 0.0
-                return self._batch(taken)
+                return self._batch(connection, taken)
             self._next_poll = loop.time() + self._poll_delay
             self._poll_delay = min(self._poll_delay * 2, MAX_POLL)
 
     async def close(self) -> None:
         await self._connection.close()
+        if self._ahead is not None:
+            await self._ahead.close()
 
     def sink_in_transaction(self, address: str) -> SqlSink:
         """A sink into another table of this database that writes inside each received batch's
         transaction: the batch's commit moves the rows atomically (exactly-once), and a route
         between two tables of one SQLite file cannot wait on its own write lock."""
+        self._borrowed = True
         return SqlSink(self._dialect, address, borrowed=self._connection)
 
-    async def _take(self, max_messages: int) -> _Taken | None:
+    async def _take(self, connection: Connection, max_messages: int) -> _Taken | None:
         try:
-            return await self._connection.run(partial(self._delete_oldest, max_messages))
+            return await connection.run(partial(self._delete_oldest, max_messages))
         except asyncio.CancelledError:
             # The thread may have deleted rows nobody will settle: give them back.
-            self._connection.rollback_later()
+            connection.rollback_later()
             raise
 
     def _delete_oldest(self, max_messages: int, db: DbConnection) -> _Taken | None:
@@ -198,21 +242,20 @@ class SqlSource:
                 taken.messages.append(message)
         return taken
 
-    def _batch(self, taken: _Taken) -> Batch:
-        self._holding = True
+    def _batch(self, connection: Connection, taken: _Taken) -> Batch:
         rejected: list[Rejected] = []
 
         async def commit() -> None:
             try:
-                await self._connection.run(partial(self._commit, taken.poison, rejected))
+                await connection.run(partial(self._commit, taken.poison, rejected))
             finally:
-                self._holding = False
+                self._in_use.discard(connection)
 
         async def abort() -> None:
             try:
-                await self._connection.run(_roll_back)
+                await connection.run(_roll_back)
             finally:
-                self._holding = False
+                self._in_use.discard(connection)
 
         return Batch(
             taken.messages,
