@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ __all__ = [
     "PG_DSN",
     "RABBITMQ_URL",
     "BridgeProcess",
+    "BusySampler",
     "Result",
     "body_of",
     "headers_of",
@@ -183,6 +185,41 @@ def machine_busy() -> tuple[float, float]:
     idle = values[3] + values[4]  # idle + iowait
     total = sum(values[:8])
     return total - idle, total
+
+
+class BusySampler:
+    """Samples `machine_busy` every `every` seconds on a thread, so the share of the machine's
+    CPUs that was busy in any window of `time.perf_counter()` can be read afterwards."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        self._every = every
+        self._samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
+
+    def __enter__(self) -> BusySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._samples.append((time.perf_counter(), *machine_busy()))
+            if self._stop.wait(self._every):
+                self._samples.append((time.perf_counter(), *machine_busy()))
+                return
+
+    def share(self, start: float, end: float) -> float:
+        """Busy share between the last sample at or before `start` and the first at or after
+        `end` (a window a little wider than asked: the samples are `every` apart)."""
+        samples = list(self._samples)
+        before = [s for s in samples if s[0] <= start] or samples[:1]
+        after = [s for s in samples if s[0] >= end] or samples[-1:]
+        (_, busy0, total0), (_, busy1, total1) = before[-1], after[0]
+        return (busy1 - busy0) / max(1.0, total1 - total0)
 
 
 class BridgeProcess:

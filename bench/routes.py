@@ -29,9 +29,13 @@ routes
     .TimeSent and Bench.WrittenAt), and a consumer of the destination takes each one when it is
     readable there: p50/p99 of (read - write).
 
-It prints the machine, a table of the legs and a table of the routes with the ratios
-route / slower raw leg and route / baseline, and exits 0. Every table, topic and queue has a
-unique name and is removed at the end; the local Kafka broker (tansu) is started and stopped.
+It prints the machine, a table of the legs (with the share of the machine's CPUs busy while
+each ran, and so the machine CPU time one message of it takes) and a table of the routes with the
+ratios route / slower raw leg and route / baseline, and the legs' CPU ceiling: the most msgs/s
+the machine could give a route that does the work of both its raw legs (client and server side)
+with every core busy, 1 / (CPU per message of one leg + of the other). It exits 0. Every
+table, topic and queue has a unique name and is removed at the end; the local Kafka broker
+(tansu) is started and stopped.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -56,6 +61,7 @@ from common import (
     PG_DSN,
     RABBITMQ_URL,
     BridgeProcess,
+    BusySampler,
     machine,
     machine_busy,
     percentile,
@@ -77,6 +83,7 @@ from bridge.transports.kafka.headers import to_record
 from bridge.transports.rabbitmq.headers import to_amqp
 
 ROUTES = ("sql-kafka", "kafka-sql", "sql-rabbitmq", "rabbitmq-sql")
+CORES = os.cpu_count() or 1
 DATABASES = ("postgresql", "sqlite")
 DEFAULT_BATCH = Route.model_fields["batch_size"].default
 DEFAULT_CONCURRENCY = Route.model_fields["concurrency"].default
@@ -97,6 +104,7 @@ class RouteResult:
     raw_leg: str = ""
     raw_rate: float = float("nan")
     baseline: float = float("nan")
+    ceiling: float = float("nan")  # msgs/s the machine could do with both raw legs' CPU work
     duplicates: int = 0
     missing: int = 0
     notes: list[str] = field(default_factory=list)
@@ -135,6 +143,7 @@ class Bench:
         self.schema = unique("bench")
         self.places: list[Place] = []
         self.legs: dict[str, float] = {}
+        self.leg_busy: dict[str, float] = {}  # share of the machine's CPUs busy during each leg
         self.results: list[RouteResult] = []
 
     # places ------------------------------------------------------------------------------------
@@ -177,9 +186,12 @@ class Bench:
         n, batch = self.args.messages, self.args.batch_size or DEFAULT_BATCH
         await place.create()
         messages = make_messages(n, self.args.size)
-        write = await place.write(messages, batch)
-        del messages
-        read = await place.read(n, batch)
+        with BusySampler() as sampler:
+            write = await place.write(messages, batch)
+            wrote = time.perf_counter()
+            del messages
+            read = await place.read(n, batch)
+            done = time.perf_counter()
         names = {
             "postgresql": ("PostgreSQL batched insert", "PostgreSQL batched receive"),
             "sqlite": ("SQLite batched insert", "SQLite batched receive"),
@@ -188,6 +200,8 @@ class Bench:
         }[label]
         self.legs[names[0]] = n / write
         self.legs[names[1]] = n / read
+        self.leg_busy[names[0]] = sampler.share(wrote - write, wrote)
+        self.leg_busy[names[1]] = sampler.share(done - read, done)
         print(f"  {names[0]}: {n / write:,.0f} msg/s; {names[1]}: {n / read:,.0f} msg/s")
 
     def leg_names(self, route: str, db: str) -> tuple[str, str]:
@@ -377,6 +391,7 @@ class Bench:
                 slower = min(names, key=lambda name: self.legs.get(name, 0.0))
                 result.raw_leg, result.raw_rate = slower, self.legs.get(slower, float("nan"))
                 result.baseline = baselines.get((route, db), float("nan"))
+                result.ceiling = ceiling(self.legs, self.leg_busy, names)
                 self.results.append(result)
                 print(
                     f"  {route} {db}: {result.rate:,.0f} msg/s, p50 {result.p50_ms:.1f} ms, "
@@ -489,6 +504,17 @@ def _tp(record: Any) -> Any:
     return TopicPartition(record.topic, record.partition)
 
 
+def leg_cost(legs: dict[str, float], busy: dict[str, float], name: str) -> float:
+    """Machine CPU seconds (all cores) that one message of a raw leg took."""
+    return busy.get(name, float("nan")) * CORES / legs.get(name, float("nan"))
+
+
+def ceiling(legs: dict[str, float], busy: dict[str, float], names: tuple[str, str]) -> float:
+    """The most msgs/s this machine could give a route that does both raw legs' work (their
+    client work and their database or broker work) with every core busy."""
+    return 1.0 / sum(leg_cost(legs, busy, name) for name in names)
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -506,6 +532,8 @@ HEAD = (
     "slower raw leg",
     "leg msgs/s",
     "route / leg",
+    "legs' CPU ceiling",
+    "route / ceiling",
     "baseline msgs/s",
     "route / baseline",
 )
@@ -524,6 +552,8 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
             r.raw_leg,
             r.raw_rate,
             r.rate / r.raw_rate,
+            r.ceiling,
+            r.rate / r.ceiling,
             r.baseline,
             r.rate / r.baseline,
         ]
@@ -531,10 +561,18 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
     ]
 
 
-def report(legs: dict[str, float], results: list[RouteResult], runs: int) -> None:
+def report(
+    legs: dict[str, float], busy: dict[str, float], results: list[RouteResult], runs: int
+) -> None:
     suffix = f" (median of {runs} runs)" if runs > 1 else ""
     print(f"\nraw legs{suffix}\n")
-    print_table(("leg", "msgs/s"), sorted(legs.items()))
+    print_table(
+        ("leg", "msgs/s", "machine CPU busy", "machine CPU µs/msg"),
+        [
+            [name, rate, f"{busy.get(name, float('nan')):.0%}", leg_cost(legs, busy, name) * 1e6]
+            for name, rate in sorted(legs.items())
+        ],
+    )
     print(f"\nroutes{suffix}\n")
     print_table(HEAD, rows_of(results))
     for r in results:
@@ -551,6 +589,10 @@ def combine(paths: list[str]) -> None:
     legs = {
         name: statistics.median(run["legs"][name] for run in runs if name in run["legs"])
         for name in runs[0]["legs"]
+    }
+    busy = {
+        name: statistics.median(run["leg_busy"][name] for run in runs if name in run["leg_busy"])
+        for name in runs[0].get("leg_busy", {})
     }
     results = []
     for first in runs[0]["results"]:
@@ -570,15 +612,16 @@ def combine(paths: list[str]) -> None:
             "offered",
             "raw_rate",
             "baseline",
+            "ceiling",
         ):
-            setattr(merged, key, statistics.median(r[key] for r in same))
+            setattr(merged, key, statistics.median(r.get(key, float("nan")) for r in same))
         merged.raw_rate = legs[merged.raw_leg]
         merged.duplicates = sum(r["duplicates"] for r in same)
         merged.missing = sum(r["missing"] for r in same)
         merged.notes = [n for r in same for n in r["notes"]]
         results.append(merged)
     print("machine:", json.dumps(runs[0]["machine"], indent=1))
-    report(legs, results, len(runs))
+    report(legs, busy, results, len(runs))
 
 
 def main() -> int:
@@ -646,7 +689,7 @@ def main() -> int:
 
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"brokers: {info['brokers']}; took {time.monotonic() - started:.0f} s")
-    report(bench.legs, bench.results, 1)
+    report(bench.legs, bench.leg_busy, bench.results, 1)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -654,6 +697,7 @@ def main() -> int:
                     "machine": info,
                     "args": {k: v for k, v in vars(args).items() if k != "combine"},
                     "legs": bench.legs,
+                    "leg_busy": bench.leg_busy,
                     "results": [asdict(r) for r in bench.results],
                 },
                 indent=1,
