@@ -48,6 +48,7 @@ as "True"; repeated header names collapse; a TimeToBeReceived header on an envel
 from __future__ import annotations
 
 import decimal
+import functools
 import hashlib
 import json
 import math
@@ -111,10 +112,8 @@ _FRAME_OVERHEAD = 22
 #: A lifetime this long means "never expires" (TimeSpan.MaxValue is ~29,000 years).
 _FOREVER = timedelta(days=365 * 1000)
 _MISSING: Any = object()
-
-
-def _stripped(name: str) -> bool:
-    return name in _STRIPPED or name.startswith(_STRIPPED_PREFIXES)
+#: Longer layout texts are parsed each time rather than kept in the cache.
+_LAYOUT_CACHED = 4096
 
 
 def _short(what: str, value: str) -> int:
@@ -225,16 +224,31 @@ def _name(name: str | bytes) -> str:
     return name
 
 
-def _layout(raw: object) -> tuple[list[str], set[str]]:
+def _layout(raw: object) -> tuple[tuple[str, ...], frozenset[str]]:
     """Names in their written order and the names written as null; empty when unreadable."""
     try:
-        layout = json.loads(_text(raw) or "")
+        text = _text(raw) or ""
+    except HeadersFormatError:
+        return (), frozenset()
+    if len(text) > _LAYOUT_CACHED:
+        return _parse_layout(text)
+    return _cached_layout(text)
+
+
+def _parse_layout(text: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    try:
+        layout = json.loads(text)
         order, nulls = layout.get("order", []), layout.get("null", [])
-    except (ValueError, AttributeError, HeadersFormatError):
-        return [], set()
+    except (ValueError, AttributeError):
+        return (), frozenset()
     if not isinstance(order, list) or not isinstance(nulls, list):
-        return [], set()
-    return [n for n in order if isinstance(n, str)], {n for n in nulls if isinstance(n, str)}
+        return (), frozenset()
+    names = tuple(n for n in order if isinstance(n, str))
+    return names, frozenset(n for n in nulls if isinstance(n, str))
+
+
+# One sender writes the same layout on every message of a kind: parse each text once.
+_cached_layout = functools.lru_cache(maxsize=64)(_parse_layout)
 
 
 def _property(properties: pika.BasicProperties, name: str) -> str | None:
@@ -255,9 +269,13 @@ def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
     table: dict[str | bytes, object] = properties.headers or {}
     order, nulls = _layout(table.get(LAYOUT))
     items: dict[str, str | None] = {}
-    for raw_name, value in table.items():
-        name = _name(raw_name)
-        if name == LAYOUT or _stripped(name):
+    for name, value in table.items():
+        if type(name) is not str:
+            name = _name(name)
+        if name == LAYOUT or name in _STRIPPED or name.startswith(_STRIPPED_PREFIXES):
+            continue
+        if type(value) is str:  # nearly every value: skip the conversion
+            items[name] = value
             continue
         text = _text(value)
         items[name] = text if text is not None or name in nulls else ""
@@ -284,7 +302,8 @@ def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
         items[MESSAGE_ID] = native
     if order:
         placed = {name: items[name] for name in order if name in items}
-        placed.update(items)
+        if len(placed) != len(items):  # else every name is placed already
+            placed.update(items)
         items = placed
     return Envelope(
         Headers(items.items()),
