@@ -112,8 +112,14 @@ _FRAME_OVERHEAD = 22
 #: A lifetime this long means "never expires" (TimeSpan.MaxValue is ~29,000 years).
 _FOREVER = timedelta(days=365 * 1000)
 _MISSING: Any = object()
-#: Longer layout texts are parsed each time rather than kept in the cache.
+#: Longer layout texts are not kept.
 _LAYOUT_CACHED = 4096
+#: How many layout texts each direction keeps, parsed or written.
+_LAYOUTS_KEPT = 64
+_LAYOUT_TEXTS: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+_LAYOUT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: A string this long is at most 252 bytes of UTF-8, so surely a valid AMQP short string.
+_SURELY_SHORT = _SHORT_STRING // 4
 
 
 def _short(what: str, value: str) -> int:
@@ -146,14 +152,17 @@ def to_amqp(
     order = list(headers)
     persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
     nulls = [name for name, value in headers.items() if value is None]
-    table: dict[str, str | None] = dict(headers)
+    table: dict[str, str | None] = headers  # no copy: below, `headers` is never read for LAYOUT
     try:
-        byte_order = sorted(order, key=str.encode)
-    except UnicodeEncodeError as exc:
-        raise MessageRejected(f"a header name is not encodable as UTF-8: {exc}") from exc
-    if nulls or not persistent or order != byte_order:
-        layout = {"order": order, "null": nulls} if nulls else {"order": order}
-        table[LAYOUT] = json.dumps(layout, ensure_ascii=False, separators=(",", ":"))
+        "".join(order).encode()  # every name at once; on failure, find the first one
+    except UnicodeEncodeError:
+        try:
+            sorted(order, key=str.encode)  # raises for the first name that is not encodable
+        except UnicodeEncodeError as exc:
+            raise MessageRejected(f"a header name is not encodable as UTF-8: {exc}") from exc
+    # For encodable text, code point order is UTF-8 byte order.
+    if nulls or not persistent or order != sorted(order):
+        table[LAYOUT] = _layout_text(tuple(order), tuple(nulls))
     enclosed = headers.get(ENCLOSED_MESSAGE_TYPES)
     content_type = headers.get(CONTENT_TYPE)
     properties = pika.BasicProperties(
@@ -167,15 +176,66 @@ def to_amqp(
         timestamp=timestamp,
         type=None if enclosed is None else enclosed.split(",", 1)[0],
     )
-    try:
-        size = _properties_size(properties)
-    except UnicodeEncodeError as exc:
-        raise MessageRejected(f"a header is not encodable as UTF-8: {exc}") from exc
+    size = _short_size(properties)
+    if size is None:
+        try:
+            size = _properties_size(properties)
+        except UnicodeEncodeError as exc:
+            raise MessageRejected(f"a header is not encodable as UTF-8: {exc}") from exc
     if size + _FRAME_OVERHEAD > frame_max:
         raise MessageRejected(
             f"properties and headers take {size} bytes; one AMQP frame holds {frame_max}"
         )
     return properties, envelope.body
+
+
+def _layout_text(order: tuple[str, ...], nulls: tuple[str, ...]) -> str:
+    """The layout header's JSON; endpoints send the same few header orders over and over."""
+    key = (order, nulls)
+    text = _LAYOUT_TEXTS.get(key)
+    if text is None:
+        layout = {"order": list(order), "null": list(nulls)} if nulls else {"order": list(order)}
+        text = _LAYOUT_JSON(layout)
+        if len(text) <= _LAYOUT_CACHED:
+            if len(_LAYOUT_TEXTS) >= _LAYOUTS_KEPT:
+                _LAYOUT_TEXTS.clear()
+            _LAYOUT_TEXTS[key] = text
+    return text
+
+
+def _short_size(properties: pika.BasicProperties) -> int | None:
+    """`_properties_size` without a loop per header, or None when that must check each string:
+    one is longer than `_SURELY_SHORT` characters or not encodable."""
+    strings = [
+        value
+        for value in (
+            properties.content_type,
+            properties.correlation_id,
+            properties.reply_to,
+            properties.expiration,
+            properties.message_id,
+            properties.type,
+        )
+        if value is not None
+    ]
+    table: dict[str, str | None] = properties.headers
+    values = [value for value in table.values() if value is not None]
+    try:
+        if max(map(len, strings)) > _SURELY_SHORT or max(map(len, table)) > _SURELY_SHORT:
+            return None
+        return (
+            len("".join(strings).encode())
+            + len(strings)
+            + 1  # delivery_mode
+            + (0 if properties.timestamp is None else 8)
+            + 4  # the table's length
+            + len("".join(table).encode())
+            + 2 * len(table)  # each name's length and each value's type
+            + len("".join(values).encode())
+            + 4 * len(values)
+        )
+    except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
+        return None
 
 
 def _properties_size(properties: pika.BasicProperties) -> int:
@@ -248,7 +308,7 @@ def _parse_layout(text: str) -> tuple[tuple[str, ...], frozenset[str]]:
 
 
 # One sender writes the same layout on every message of a kind: parse each text once.
-_cached_layout = functools.lru_cache(maxsize=64)(_parse_layout)
+_cached_layout = functools.lru_cache(maxsize=_LAYOUTS_KEPT)(_parse_layout)
 
 
 def _property(properties: pika.BasicProperties, name: str) -> str | None:
