@@ -135,9 +135,7 @@ class _Inbox:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
-        with self._lock:
-            self._wake_pending = False
-        self._arrived.set()
+        self._arrived.set()  # `_wake_pending` stays: one wake per wait is enough
 
     def count(self, consumer: int) -> int:
         """Deliveries of `consumer` waiting; those of an earlier consumer are dropped."""
@@ -152,6 +150,8 @@ class _Inbox:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 return False
+            with self._lock:
+                self._wake_pending = False
             self._wanted = wanted
             try:
                 # A delivery put before `_wanted` was set woke nobody: count again.
