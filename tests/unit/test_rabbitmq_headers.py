@@ -126,6 +126,39 @@ def test_non_persistent_header_comes_back_as_true_in_its_place() -> None:
     assert back.headers.items() == [(MESSAGE_ID, "id-1"), (NON_PERSISTENT, "True"), ("z", "1")]
 
 
+def pika_encoded(properties: pika.BasicProperties) -> bytes:
+    """The content header properties as pika's own encoder writes them."""
+    plain = pika.BasicProperties(**vars(properties))
+    return b"".join(plain.encode())
+
+
+@given(
+    headers=st.dictionaries(
+        st.text(min_size=1, max_size=70), st.none() | st.text(max_size=300), max_size=12
+    ),
+    expires=st.none() | st.floats(NOW - 10, NOW + 1e6),
+    non_persistent=st.booleans(),
+)
+def test_the_table_to_amqp_encodes_is_the_one_pika_would_write(
+    headers: dict[str, str | None], expires: float | None, non_persistent: bool
+) -> None:
+    items = [(MESSAGE_ID, "id-1"), *headers.items()]
+    if non_persistent:
+        items.append((NON_PERSISTENT, "True"))
+    try:
+        properties, _ = to_amqp(Envelope(Headers(items), b"", expires_at=expires), NOW)
+    except MessageRejected:  # a name over 255 bytes, text that is not UTF-8
+        return
+    assert b"".join(properties.encode()) == pika_encoded(properties)
+
+
+def test_headers_replaced_after_to_amqp_are_the_ones_written() -> None:
+    properties, _ = to_amqp(envelope(("a", "1")), NOW)
+    properties.headers = {MESSAGE_ID: "id-2"}
+    assert b"".join(properties.encode()) == pika_encoded(properties)
+    assert wire(properties).headers == {MESSAGE_ID: "id-2"}
+
+
 # -- what an NServiceBus RabbitMQ endpoint expects -------------------------------------------
 
 

@@ -80,6 +80,7 @@ log = logging.getLogger("bridge.rabbitmq")
 
 _STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
 _MAX_PREFETCH = 65_535  # basic.qos prefetch-count is a short
+_NOBODY_WAITS = 1 << 62
 
 
 _CONSUMERS = itertools.count(1)
@@ -102,7 +103,11 @@ class _Consumer:
 
 
 class _Inbox:
-    """Deliveries handed over by the ioloop thread, waited for on the event loop."""
+    """Deliveries handed over by the ioloop thread, waited for on the event loop.
+
+    The ioloop thread wakes the event loop only when a receive waits and enough deliveries for
+    it are there: not once per delivery, and not at all between receives.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -110,11 +115,18 @@ class _Inbox:
         self._arrived = asyncio.Event()
         self._lock = threading.Lock()
         self._wake_pending = False
+        self._wanted = _NOBODY_WAITS  # deliveries the waiting receive needs before it wakes
+        self.arrived_at = 0.0  # time.monotonic() of the last delivery
         self.cancelled: set[str] = set()  # consumer tags the broker cancelled
 
     def put(self, delivery: Delivery) -> None:
-        """On the ioloop thread: queue one delivery and wake the event loop (once per burst)."""
-        self._items.append(delivery)
+        """On the ioloop thread: queue one delivery; wake the event loop when a receive waits
+        for as many as there are now (those of an earlier consumer count too: it recounts)."""
+        items = self._items
+        items.append(delivery)
+        self.arrived_at = time.monotonic()
+        if len(items) < self._wanted:
+            return
         with self._lock:
             if self._wake_pending:
                 return
@@ -123,9 +135,7 @@ class _Inbox:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
-        with self._lock:
-            self._wake_pending = False
-        self._arrived.set()
+        self._arrived.set()  # `_wake_pending` stays: one wake per wait is enough
 
     def count(self, consumer: int) -> int:
         """Deliveries of `consumer` waiting; those of an earlier consumer are dropped."""
@@ -133,16 +143,25 @@ class _Inbox:
             self._items.popleft()  # requeued by an abort or by the loss of its channel
         return len(self._items)
 
-    async def wait_for_more(self, consumer: int, seen: int, timeout: float) -> bool:
-        """Wait until more than `seen` deliveries wait; False when `timeout` passes first."""
+    async def wait_for(self, consumer: int, wanted: int, timeout: float) -> bool:
+        """Wait until `wanted` deliveries wait; False when `timeout` passes first."""
         deadline = self._loop.time() + timeout
-        while self.count(consumer) <= seen:
+        while self.count(consumer) < wanted:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 return False
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+            with self._lock:
+                self._wake_pending = False
+            self._wanted = wanted
+            try:
+                # A delivery put before `_wanted` was set woke nobody: count again.
+                if self.count(consumer) >= wanted:
+                    break
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+            finally:
+                self._wanted = _NOBODY_WAITS
         return True
 
     def take(self, consumer: int, limit: int) -> list[Delivery]:
@@ -183,14 +202,16 @@ class RabbitMQSource:
         inbox = self._inbox
         consumer = await self._consume(inbox, max_messages)
         number = consumer.number
-        if not await inbox.wait_for_more(number, 0, timeout):
+        if not await inbox.wait_for(number, 1, timeout):
             return Batch()
         loop = asyncio.get_running_loop()
         handover = loop.time() + GATHER_LIMIT
-        while (seen := inbox.count(number)) < max_messages:
-            pause = min(DELIVERY_PAUSE, handover - loop.time())
-            if pause <= 0 or not await inbox.wait_for_more(number, seen, pause):
+        while inbox.count(number) < max_messages:
+            quiet = inbox.arrived_at + DELIVERY_PAUSE - time.monotonic()
+            gather = min(quiet, handover - loop.time())
+            if gather <= 0:
                 break
+            await inbox.wait_for(number, max_messages, gather)
         # From here to the return nothing awaits: a cancelled receive never holds deliveries.
         deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []

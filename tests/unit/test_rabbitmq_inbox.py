@@ -1,0 +1,66 @@
+"""The RabbitMQ source's inbox (rabbitmq/source.py): deliveries cross from pika's ioloop thread
+to the event loop, which is woken only when a receive waits for what has arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pika
+
+from bridge.transports.rabbitmq.source import Delivery, _Inbox
+
+
+def delivery(tag: int, consumer: int = 1) -> Delivery:
+    return Delivery(consumer, 1, tag, pika.BasicProperties(), b"")
+
+
+class CountingLoop:
+    """Counts the wake-ups `_Inbox.put` posts to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.wakes = 0
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._loop, name)
+
+    def call_soon_threadsafe(self, callback: object, *args: object) -> object:
+        self.wakes += 1
+        return self._loop.call_soon_threadsafe(callback, *args)  # type: ignore[arg-type]
+
+
+async def test_deliveries_while_nobody_waits_wake_nothing() -> None:
+    loop = CountingLoop(asyncio.get_running_loop())
+    inbox = _Inbox(loop)  # type: ignore[arg-type]
+    for tag in range(1, 51):
+        inbox.put(delivery(tag))
+    assert loop.wakes == 0
+    assert await inbox.wait_for(1, 50, 0.0)  # already there: no wait
+    assert [d.tag for d in inbox.take(1, 100)] == list(range(1, 51))
+
+
+async def test_a_waiting_receive_is_woken_once_when_its_deliveries_are_there() -> None:
+    loop = CountingLoop(asyncio.get_running_loop())
+    inbox = _Inbox(loop)  # type: ignore[arg-type]
+    waiting = asyncio.create_task(inbox.wait_for(1, 30, 5.0))
+    await asyncio.sleep(0.01)
+
+    def deliver() -> None:  # as pika's ioloop thread does
+        for tag in range(1, 41):
+            inbox.put(delivery(tag))
+
+    thread = threading.Thread(target=deliver)
+    thread.start()
+    assert await waiting
+    thread.join()
+    assert loop.wakes == 1
+    assert len(inbox.take(1, 100)) == 40
+
+
+async def test_a_wait_times_out_and_deliveries_of_an_earlier_consumer_are_dropped() -> None:
+    inbox = _Inbox(asyncio.get_running_loop())
+    inbox.put(delivery(1, consumer=1))
+    inbox.put(delivery(2, consumer=2))
+    assert not await inbox.wait_for(2, 2, 0.02)
+    assert [d.tag for d in inbox.take(2, 10)] == [2]
