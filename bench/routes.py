@@ -615,7 +615,7 @@ def combine(paths: list[str]) -> None:
             "ceiling",
         ):
             setattr(merged, key, statistics.median(r.get(key, float("nan")) for r in same))
-        merged.raw_rate = legs[merged.raw_leg]
+        merged.raw_rate = legs.get(merged.raw_leg, float("nan"))
         merged.duplicates = sum(r["duplicates"] for r in same)
         merged.missing = sum(r["missing"] for r in same)
         merged.notes = [n for r in same for n in r["notes"]]
