@@ -11,7 +11,10 @@ Guarantees
     stored positions are loaded, the new partitions stay paused, so nothing is fetched from the
     wrong place. The checkpoint is then a `FencedCheckpoint`: it also carries the position each
     partition's batch started from (the stored one this consumer read or wrote last, None when
-    there was none), and the destination stores a position only over that one.
+    there was none), and the destination stores a position only over that one. With a store the
+    group's offsets only report progress (lag, tools), so `commit()` hands them to a commit that
+    runs behind the next batch (one at a time, in order; `close()` waits for the last) instead of
+    waiting a broker round trip; without one, `commit()` returns once the group committed.
 
 Rebalancing
     When partitions are taken away while a batch is in hand, the revocation waits up to
