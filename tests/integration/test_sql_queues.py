@@ -132,16 +132,16 @@ async def db(request: pytest.FixtureRequest) -> AsyncIterator[Db]:
         config: Any = sqlite_config(path=path)
         found = Db("sqlite", cast(SqlTransport, load("local", config)), sqlite_path=path)
     else:
-        dsn = request.getfixturevalue("pg_dsn")
-        schema = request.getfixturevalue("pg_schema")
-        config = postgres_config(dsn=dsn, schema=schema)
-        found = Db(
-            "postgresql", cast(SqlTransport, load("shop", config)), pg_dsn=dsn, schema=schema
-        )
+        found = postgres_db(request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema"))
     try:
         yield found
     finally:
         await found.transport.close()
+
+
+def postgres_db(dsn: str, schema: str) -> Db:
+    config = postgres_config(dsn=dsn, schema=schema)
+    return Db("postgresql", cast(SqlTransport, load("shop", config)), pg_dsn=dsn, schema=schema)
 
 
 async def queue(db: Db, prefix: str = "Sales") -> str:
@@ -271,10 +271,7 @@ async def test_closing_a_source_with_a_batch_in_hand_returns_its_rows(db: Db) ->
 
 @pytest.fixture
 async def pg(pg_dsn: str, pg_schema: str) -> AsyncIterator[Db]:
-    config = postgres_config(dsn=pg_dsn, schema=pg_schema)
-    found = Db(
-        "postgresql", cast(SqlTransport, load("shop", config)), pg_dsn=pg_dsn, schema=pg_schema
-    )
+    found = postgres_db(pg_dsn, pg_schema)
     try:
         yield found
     finally:

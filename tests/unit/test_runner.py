@@ -186,26 +186,28 @@ class WatchingSink:
         await self.inner.close()
 
 
-async def test_a_source_receiving_ahead_has_the_next_batch_taken_while_one_is_sent() -> None:
+async def watched_route(count: int) -> tuple[RouteRunner, WatchingSink, Sequence[object]]:
+    """A route over `count` messages that receives ahead, batches of 10, into a WatchingSink."""
     transport = Transport(broker=Broker(), receives_ahead=True)
     route = make_route(batch_size=10)
-    await transport.sink(route.from_.address).send([message(i) for i in range(40)])
-    source = transport.broker.queue(route.from_.address)
-    sink = WatchingSink(transport.sink(route.to.address), source)
-    dst = transport.broker.queue(route.to.address)
-    await run_until(runner_for(route, transport, sink), lambda: len(dst) == 40)
+    await transport.sink(route.from_.address).send([message(i) for i in range(count)])
+    sink = WatchingSink(
+        transport.sink(route.to.address), transport.broker.queue(route.from_.address)
+    )
+    return runner_for(route, transport, sink), sink, transport.broker.queue(route.to.address)
+
+
+async def test_a_source_receiving_ahead_has_the_next_batch_taken_while_one_is_sent() -> None:
+    runner, sink, dst = await watched_route(40)
+    await run_until(runner, lambda: len(dst) == 40)
     assert sink.left == [20, 10, 0, 0]  # one batch in the send, the next one taken
     assert [e.body for e in dst] == [f"body-{i}".encode() for i in range(40)]  # type: ignore[union-attr]
 
 
 async def test_a_batch_received_ahead_goes_back_when_the_route_stops() -> None:
-    transport = Transport(broker=Broker(), receives_ahead=True)
-    route = make_route(batch_size=10)
-    await transport.sink(route.from_.address).send([message(i) for i in range(30)])
-    source = transport.broker.queue(route.from_.address)
-    sink = WatchingSink(transport.sink(route.to.address), source)
-    dst = transport.broker.queue(route.to.address)
-    await run_until(runner_for(route, transport, sink), lambda: len(dst) >= 10)
+    runner, sink, dst = await watched_route(30)
+    await run_until(runner, lambda: len(dst) >= 10)
+    source = sink.source
     assert len(dst) + len(source) == 30
     assert [e.body for e in [*dst, *source]] == [f"body-{i}".encode() for i in range(30)]  # type: ignore[union-attr]
 
