@@ -163,24 +163,18 @@ class RouteRunner:
         source, sink = self._endpoints()
         backoff = Backoff()
         reached = self._probe is None
-        ahead = (
-            _ReceiveAhead(source, self.route.batch_size, self._poll_timeout)
-            if getattr(source, "receives_ahead", False)
-            else None
-        )
+        receiver = _Receiver(source, self.route.batch_size, self._poll_timeout)
         try:
             while not self._stopping.is_set():
                 try:
                     if not reached and self._probe is not None:
                         await self._probe()
                         reached = True
-                    await self._forward_one_batch(index, source, sink, ahead)
+                    await self._forward_one_batch(index, receiver, sink)
                     self._mark_polled(index, source)
                     backoff.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
                     aborted, self._in_hand[index] = self._in_hand[index], 0
-                    if ahead is not None:
-                        await ahead.discard()  # received after the failed batch: not before it
                     if not getattr(exc, "retriable", False) and self._stop_on_fatal:
                         self.fatal = exc
                         self._set_state("failed")
@@ -189,8 +183,7 @@ class RouteRunner:
                     reached = self._probe is None
                     await self._back_off(index, exc, backoff, aborted)
         finally:
-            if ahead is not None:
-                await ahead.discard()
+            await receiver.discard()
             await _close(source, sink)
 
     def _mark_polled(self, index: int, source: Source) -> None:
@@ -207,26 +200,19 @@ class RouteRunner:
             self._not_ready.add(index)
             self._polled_at = None
 
-    async def _forward_one_batch(
-        self, index: int, source: Source, sink: Sink, ahead: _ReceiveAhead | None
-    ) -> None:
-        if ahead is not None:
-            batch = await ahead.take()
-        else:
-            batch = await source.receive_batch(self.route.batch_size, self._poll_timeout)
+    async def _forward_one_batch(self, index: int, receiver: _Receiver, sink: Sink) -> None:
+        batch = await receiver.take()
         async with batch:
             if batch.messages or batch.poison or batch.expired:
-                if ahead is not None:
-                    ahead.start()  # the next batch is received while this one is sent
                 self._busy += 1
                 count = self._in_hand[index] = len(batch.messages) + len(batch.poison)
                 started = time.perf_counter()
                 self.metrics.received(count)
                 try:
+                    receiver.receive_ahead()  # where the source can: the next, while this is sent
                     await self._forward(batch, sink)
                 except BaseException:
-                    if ahead is not None:  # returned first, so this batch goes back before it
-                        await ahead.discard()
+                    await receiver.discard()  # returned first: this batch goes back before it
                     raise
                 finally:
                     self.metrics.settled(count, started)
@@ -366,21 +352,24 @@ class RouteRunner:
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
 
-class _ReceiveAhead:
-    """The next batch of a source that `receives_ahead`, received while the loop sends the
-    current one. The loop still sends and settles batches one at a time, in the order they
-    were received; a batch received ahead of a failed one is returned to the source."""
+class _Receiver:
+    """One loop's receives. From a source that `receives_ahead`, the next batch is received
+    while the loop sends the current one; the loop still sends and settles batches one at a
+    time, in the order they were received, and a batch received ahead of a failed one is
+    returned to the source."""
 
     def __init__(self, source: Source, max_messages: int, timeout: float) -> None:
         self._source = source
         self._max_messages = max_messages
         self._timeout = timeout
+        self._ahead = bool(getattr(source, "receives_ahead", False))
         self._task: asyncio.Task[ReceivedBatch] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            self._source.receive_batch(self._max_messages, self._timeout)
-        )
+    def receive_ahead(self) -> None:
+        if self._ahead:
+            self._task = asyncio.create_task(
+                self._source.receive_batch(self._max_messages, self._timeout)
+            )
 
     async def take(self) -> ReceivedBatch:
         task, self._task = self._task, None
