@@ -389,26 +389,23 @@ class SqlSink:
         positions: list[tuple[str, int]],
         conflict: type[CheckpointConflict] = CheckpointConflict,
     ) -> None:
-        if self._dialect.summed_rowcount:  # one call per kind, not a round trip per position
-            new = [(name, position) for name, position in positions if fence.get(name) is None]
-            moved = [(p, name, fence[name]) for name, p in positions if fence.get(name) is not None]
-            for statement, rows, names in (
-                (self._checkpoints.insert_new, new, [name for name, _ in new]),
-                (self._checkpoints.advance, moved, [name for _, name, _ in moved]),
-            ):
-                if rows:
-                    cursor.executemany(statement, rows)
-                    if cursor.rowcount != len(rows):
-                        raise self._fence_conflict(conflict, fence, names)
-            return
-        for name, position in positions:
-            expected = fence.get(name)
-            if expected is None:
-                cursor.execute(self._checkpoints.insert_new, (name, position))
-            else:
-                cursor.execute(self._checkpoints.advance, (position, name, expected))
-            if cursor.rowcount != 1:
-                raise self._fence_conflict(conflict, fence, [name])
+        new = [(name, position) for name, position in positions if fence.get(name) is None]
+        moved = [(p, name, fence[name]) for name, p in positions if fence.get(name) is not None]
+        for statement, rows, names in (
+            (self._checkpoints.insert_new, new, [name for name, _ in new]),
+            (self._checkpoints.advance, moved, [name for _, name, _ in moved]),
+        ):
+            if not rows:
+                continue
+            if self._dialect.summed_rowcount:  # one call per kind, not a round trip per position
+                cursor.executemany(statement, rows)
+                if cursor.rowcount != len(rows):
+                    raise self._fence_conflict(conflict, fence, names)
+                continue
+            for row, name in zip(rows, names, strict=True):
+                cursor.execute(statement, row)
+                if cursor.rowcount != 1:
+                    raise self._fence_conflict(conflict, fence, [name])
 
     def _fence_conflict(
         self,
