@@ -127,11 +127,19 @@ class SqlPlace(Place):
             return f"{{type: postgresql, dsn: {json.dumps(self.dsn)}, schema: {self.schema}}}"
         return f"{{type: sqlite, path: {json.dumps(self.path)}}}"
 
-    def connect(self) -> Any:
+    def connect(self, *, receiving: bool = False) -> Any:
+        """A raw connection with the session settings the bridge's own would have (a source's
+        when `receiving`), so that a raw leg and a route run on the same database settings."""
         if self.kind == "postgresql":
-            return psycopg.connect(self.dsn)
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
+            db = psycopg.connect(self.dsn)
+        else:
+            db = sqlite3.connect(
+                self.path, timeout=30, isolation_level=None, check_same_thread=False
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA secure_delete=FAST")
+        if receiving:
+            self.transport.dialect.receiving_session(db)
         return db
 
     def _begin(self, db: Any) -> None:
@@ -178,7 +186,7 @@ class SqlPlace(Place):
 
     async def read(self, count: int, batch: int) -> float:
         def run() -> float:
-            db = self.connect()
+            db = self.connect(receiving=True)
             try:
                 got, started = 0, time.perf_counter()
                 while got < count:

@@ -316,6 +316,23 @@ async def test_a_source_commits_without_waiting_for_the_log_flush(db: Db) -> Non
     assert ids(await drain(db, name)) == ["id-2"]
 
 
+async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_path: Path) -> None:
+    """secure_delete FAST on every connection, whatever the build's default (Debian's is on)."""
+    transport = load("s", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    assert isinstance(transport, SqlTransport)
+    await transport.install(["q"])
+    source, sink = transport.source("q"), transport.sink("q")
+    try:
+        await sink.send([message(1)])
+        batch = await source.receive_batch(10, 5.0)
+        assert ids(batch.messages) == ["id-1"]
+        await batch.commit()
+        for connection in (source._connection, sink._connection):
+            assert await connection.run(lambda c: scalar(c, "PRAGMA secure_delete")) == 2
+    finally:
+        await transport.close()
+
+
 async def test_a_receive_past_the_batches_a_source_may_hold_is_refused(db: Db) -> None:
     """One batch at a time on SQLite (one writer); on PostgreSQL one more, received ahead."""
     name = await queue(db)

@@ -11,7 +11,8 @@ Features
     RETURNING`, sorted by `seq` (RETURNING order is unspecified). The file is switched to WAL
     so readers (peek) never wait for the writer. Headers and body are read as BLOBs, so a
     foreign row whose Headers TEXT is not UTF-8 becomes a poison message, moved to the error
-    queue with the same bytes.
+    queue with the same bytes. Every connection sets `secure_delete=FAST` (below); a source's
+    also `synchronous=NORMAL` (see `SqliteDialect.receiving_session`).
 
 Connection
     `{type: sqlite, path: ./bridge.db, busy_timeout: 30}`; the file is created when missing.
@@ -60,6 +61,11 @@ class SqliteDialect(Dialect):
         )
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            # Debian's and others' builds turn secure_delete on, which rewrites every page a
+            # delete frees with zeros: a received batch then writes its rows a second time
+            # (1.5-2x the cost of a receive). FAST zeroes deleted content only on the pages a
+            # write touches anyway, so no I/O is added (upstream's default is off).
+            db.execute("PRAGMA secure_delete=FAST")
         except BaseException:
             db.close()
             raise
