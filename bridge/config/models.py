@@ -142,7 +142,16 @@ class Route(Strict):
     name: str = Field(description="Unique route name (letters, digits, . _ -).")
     from_: Endpoint = Field(alias="from", description="Where messages are received.")
     to: Endpoint = Field(description="Where messages are sent.")
-    batch_size: int = Field(100, gt=0, le=10_000, description="Messages per transaction.")
+    batch_size: int = Field(500, gt=0, le=10_000, description="Messages per transaction.")
+    batch_bytes: int = Field(
+        1_048_576,
+        gt=0,
+        le=1 << 30,
+        description=(
+            "About this many body bytes per batch: after each batch the next one's count is cut "
+            "to what fits at that batch's average body size (never below 1)."
+        ),
+    )
     concurrency: int = Field(1, gt=0, le=64, description="Competing receive loops.")
     error_queue: str | None = Field(
         None, description="Poison messages go here; `bridge.error` on the source connection."

@@ -47,6 +47,7 @@ def route_report(runners: Sequence[RouteRunner]) -> list[dict[str, Any]]:
                 "to": {"connection": route.to.connection, "address": route.to.address},
                 "concurrency": route.concurrency,
                 "batch_size": route.batch_size,
+                "batch_bytes": route.batch_bytes,
                 "idle_seconds": round(runner.idle_for, 3),
                 **stats,
             }

@@ -4,10 +4,11 @@ competing loops.
 Guarantees
     The source is committed only after `Sink.send` returned, i.e. after the destination durably
     accepted the whole batch; any failure before that aborts the batch, so its messages stay at
-    (or return to) the source. Memory is bounded by `batch_size * concurrency` (twice that for a
-    source that `receives_ahead`): a loop does not receive again before its batch is settled,
-    or, receiving ahead, before the batch received ahead is sent, so a slow destination slows
-    the source.
+    (or return to) the source. Memory is bounded by `concurrency` batches (twice that for a
+    source that `receives_ahead`) of at most `batch_size` messages and, after the first, about
+    `batch_bytes` of bodies (see `_Receiver`): a loop does not receive again before its batch is
+    settled, or, receiving ahead, before the batch received ahead is sent, so a slow
+    destination slows the source.
 
 Pipeline
     A loop whose source `receives_ahead` (an SQL queue table on PostgreSQL or SQL Server)
@@ -163,7 +164,8 @@ class RouteRunner:
         source, sink = self._endpoints()
         backoff = Backoff()
         reached = self._probe is None
-        receiver = _Receiver(source, self.route.batch_size, self._poll_timeout)
+        route = self.route
+        receiver = _Receiver(source, route.batch_size, route.batch_bytes, self._poll_timeout)
         try:
             while not self._stopping.is_set():
                 try:
@@ -356,26 +358,48 @@ class _Receiver:
     """One loop's receives. From a source that `receives_ahead`, the next batch is received
     while the loop sends the current one; the loop still sends and settles batches one at a
     time, in the order they were received, and a batch received ahead of a failed one is
-    returned to the source."""
+    returned to the source.
 
-    def __init__(self, source: Source, max_messages: int, timeout: float) -> None:
+    How many messages a receive asks for: `batch_size`, cut so that a batch holds about
+    `batch_bytes` of bodies at the average body size of the last batch that had messages
+    (never below 1). Until a batch has shown the sizes, at most `FIRST_BATCH`: a queue of
+    large messages costs a first batch no more memory than the old default of 100 did.
+    """
+
+    FIRST_BATCH = 100
+
+    def __init__(self, source: Source, max_messages: int, max_bytes: int, timeout: float) -> None:
         self._source = source
         self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._count = min(max_messages, self.FIRST_BATCH)
         self._timeout = timeout
         self._ahead = bool(getattr(source, "receives_ahead", False))
         self._task: asyncio.Task[ReceivedBatch] | None = None
 
+    @property
+    def count(self) -> int:
+        """How many messages the next receive asks for."""
+        return self._count
+
+    def _sized(self, batch: ReceivedBatch) -> ReceivedBatch:
+        messages = batch.messages
+        if messages:
+            average = max(1, sum(len(m.body) for m in messages) // len(messages))
+            self._count = max(1, min(self._max_messages, self._max_bytes // average))
+        return batch
+
     def receive_ahead(self) -> None:
         if self._ahead:
             self._task = asyncio.create_task(
-                self._source.receive_batch(self._max_messages, self._timeout)
+                self._source.receive_batch(self._count, self._timeout)
             )
 
     async def take(self) -> ReceivedBatch:
         task, self._task = self._task, None
         if task is None:
-            return await self._source.receive_batch(self._max_messages, self._timeout)
-        return await task
+            return self._sized(await self._source.receive_batch(self._count, self._timeout))
+        return self._sized(await task)
 
     async def discard(self) -> None:
         """Stop the receive ahead, or return the batch it took."""

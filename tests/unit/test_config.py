@@ -46,7 +46,7 @@ def test_good_config_loads_with_defaults_and_variables() -> None:
     assert config.connections["shop"].dsn.startswith("postgresql://postgres@")  # type: ignore[union-attr]
     assert config.connections["shop"].schema_ == "public"  # type: ignore[union-attr]
     first, second = config.routes
-    assert first.batch_size == 100 and first.concurrency == 1
+    assert first.batch_size == 500 and first.batch_bytes == 1 << 20 and first.concurrency == 1
     assert first.key == "header:NServiceBus.ConversationId"
     assert first.error_queue_name == "bridge.error"
     assert second.from_.group == "bridge-billing"
@@ -233,7 +233,7 @@ def test_aliases_and_merges_share_settings() -> None:
     assert config.connections["billing"].schema_ == "billing"  # type: ignore[union-attr]
     assert config.connections["billing"].dsn == "postgresql://db/shop"  # type: ignore[union-attr]
     assert [(r.name, r.batch_size, r.to.queue) for r in config.routes] == [
-        ("a", 100, "A"),
+        ("a", 500, "A"),
         ("b", 5, "A"),
     ]
     assert error_of("connections: {a: {<<: [1]}}\n").startswith(

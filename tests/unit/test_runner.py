@@ -110,6 +110,37 @@ async def test_forwards_everything_in_order_and_empties_the_source(ahead: bool) 
     assert runner.stats.state == "stopped"
 
 
+class CountingSink:
+    """Records the size of each send (one per batch)."""
+
+    def __init__(self, inner: Sink) -> None:
+        self.inner, self.sizes = inner, list[int]()
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        self.sizes.append(len(envelopes))
+        await self.inner.send(envelopes, checkpoint)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["one-at-a-time", "receiving-ahead"])
+async def test_batches_hold_about_batch_bytes_at_the_last_batchs_body_size(ahead: bool) -> None:
+    transport = Transport(broker=Broker(), receives_ahead=ahead)
+    route = make_route(batch_size=300, batch_bytes=1000)
+    small = [Envelope(Headers([]), b"s" * 10) for _ in range(100)]
+    large = [Envelope(Headers([]), b"L" * 50) for _ in range(160)]
+    await transport.sink(route.from_.address).send([*small, *large])
+    sink = CountingSink(transport.sink(route.to.address))
+    runner = runner_for(route, transport, sink)
+    await run_until(runner, lambda: len(transport.broker.queue(route.to.address)) == 260)
+    # at most 100 until a batch has shown the sizes; at 10 bytes 1000 // 10 = 100 fit (the
+    # next batch, of 50-byte bodies, runs over: the count follows the last batch); then 20
+    assert sink.sizes == [100, 100, 20, 20, 20]
+
+
 async def test_expired_messages_are_dropped_and_counted() -> None:
     transport = Transport(broker=Broker())
     route = make_route()
