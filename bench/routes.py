@@ -202,6 +202,7 @@ class Bench:
         self.legs[names[1]] = n / read
         self.leg_busy[names[0]] = sampler.share(wrote - write, wrote)
         self.leg_busy[names[1]] = sampler.share(done - read, done)
+        await drop_tables(place)
         print(f"  {names[0]}: {n / write:,.0f} msg/s; {names[1]}: {n / read:,.0f} msg/s")
 
     def leg_names(self, route: str, db: str) -> tuple[str, str]:
@@ -270,6 +271,7 @@ class Bench:
             print(bridge.tail(), file=sys.stderr)
         finally:
             await asyncio.to_thread(bridge.stop)
+            await drop_tables(source, destination)
         return result
 
     def profiler(self, bridge: BridgeProcess, name: str) -> subprocess.Popen[bytes] | None:
@@ -362,7 +364,10 @@ class Bench:
             "sql-rabbitmq": one_by_one_sql_rabbitmq,
             "rabbitmq-sql": one_by_one_rabbitmq_sql,
         }[route]
-        seconds = await run(source, destination, n)
+        try:
+            seconds = await run(source, destination, n)
+        finally:
+            await drop_tables(source, destination)
         return n / seconds
 
     # the whole run -----------------------------------------------------------------------------
@@ -398,6 +403,14 @@ class Bench:
                     f"p99 {result.p99_ms:.1f} ms {' '.join(result.notes)}",
                     flush=True,
                 )
+
+
+async def drop_tables(*places: Place) -> None:
+    """Drop a finished measurement's queue tables at once, so that what it left (100,000
+    deleted rows, their autovacuum) does not run into the next one's measurements."""
+    for place in places:
+        if isinstance(place, SqlPlace):
+            await place.drop()
 
 
 # -- one message per transaction ------------------------------------------------------------------

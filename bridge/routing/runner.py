@@ -391,9 +391,7 @@ class _Receiver:
 
     def receive_ahead(self) -> None:
         if self._ahead:
-            self._task = asyncio.create_task(
-                self._source.receive_batch(self._count, self._timeout)
-            )
+            self._task = asyncio.create_task(self._source.receive_batch(self._count, self._timeout))
 
     async def take(self) -> ReceivedBatch:
         task, self._task = self._task, None
