@@ -40,6 +40,7 @@ from bridge.transports.rabbitmq import Transport as RabbitTransport
 from bridge.transports.rabbitmq.headers import to_amqp
 from bridge.transports.sql.postgresql import Transport as PostgresTransport
 from bridge.transports.sql.sqlite import Transport as SqliteTransport
+from bridge.transports.sql.sqlite import set_up as sqlite_set_up
 
 __all__ = ["KafkaPlace", "Place", "RabbitPlace", "SqlPlace", "make_messages"]
 
@@ -136,8 +137,7 @@ class SqlPlace(Place):
             db = sqlite3.connect(
                 self.path, timeout=30, isolation_level=None, check_same_thread=False
             )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA secure_delete=FAST")
+            sqlite_set_up(db)
         if receiving:
             self.transport.dialect.receiving_session(db)
         return db

@@ -377,11 +377,6 @@ class _Receiver:
         self._ahead = bool(getattr(source, "receives_ahead", False))
         self._task: asyncio.Task[ReceivedBatch] | None = None
 
-    @property
-    def count(self) -> int:
-        """How many messages the next receive asks for."""
-        return self._count
-
     def _sized(self, batch: ReceivedBatch) -> ReceivedBatch:
         messages = batch.messages
         if messages:

@@ -40,7 +40,18 @@ from bridge.transports.sql.errors import sqlite_error
 from bridge.transports.sql.layout import CheckpointStatements
 from bridge.transports.sql.queue import SqlTransport
 
-__all__ = ["SqliteDialect", "Transport"]
+__all__ = ["SqliteDialect", "Transport", "set_up"]
+
+
+def set_up(db: sqlite3.Connection) -> None:
+    """What every connection to a queue file sets, right after it opened (the bench's raw
+    connections too, so that they measure what the bridge runs on)."""
+    db.execute("PRAGMA journal_mode=WAL")
+    # Debian's and others' builds turn secure_delete on, which rewrites every page a delete
+    # frees with zeros: a received batch then writes its rows a second time (1.5-2x the cost
+    # of a receive). FAST zeroes deleted content only on the pages a write touches anyway, so
+    # no I/O is added (upstream's default is off).
+    db.execute("PRAGMA secure_delete=FAST")
 
 
 class SqliteDialect(Dialect):
@@ -60,12 +71,7 @@ class SqliteDialect(Dialect):
             self.config.path, timeout=self.config.busy_timeout, isolation_level=None
         )
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            # Debian's and others' builds turn secure_delete on, which rewrites every page a
-            # delete frees with zeros: a received batch then writes its rows a second time
-            # (1.5-2x the cost of a receive). FAST zeroes deleted content only on the pages a
-            # write touches anyway, so no I/O is added (upstream's default is off).
-            db.execute("PRAGMA secure_delete=FAST")
+            set_up(db)
         except BaseException:
             db.close()
             raise
