@@ -6,6 +6,7 @@ the path). Nothing here asserts on time: the scripts print tables, tests never t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -171,11 +172,21 @@ def machine() -> dict[str, str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process, from /proc."""
+    """User + system CPU time of a live process and its live children (the workers of
+    `bridge run --workers N`), from /proc."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    own = (int(fields[11]) + int(fields[12])) / ticks
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            kids = [int(child) for child in children.read().split()]
+    except OSError:
+        kids = []
+    for kid in kids:
+        with contextlib.suppress(OSError):  # it exited meanwhile
+            own += cpu_seconds(kid)
+    return own
 
 
 def machine_busy() -> tuple[float, float]:
@@ -225,7 +236,10 @@ class BusySampler:
 class BridgeProcess:
     """`python -m bridge run` of one route of a generated routes.yaml, as users run it."""
 
-    def __init__(self, config_text: str, route: str, workdir: Path | None = None) -> None:
+    def __init__(
+        self, config_text: str, route: str, workdir: Path | None = None, workers: int = 1
+    ) -> None:
+        self.workers = workers
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bridge-bench-"))
         self.config = self.workdir / f"{route}.yaml"
         self.config.write_text(config_text)
@@ -258,6 +272,8 @@ class BridgeProcess:
                     self.route,
                     "--log-level",
                     "WARNING",
+                    "--workers",
+                    str(self.workers),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -95,6 +95,7 @@ WARM_UP = 1.0
 class RouteResult:
     route: str
     db: str
+    workers: int = 1
     rate: float = float("nan")
     cpu_us: float = float("nan")
     machine_busy: float = float("nan")
@@ -241,21 +242,21 @@ class Bench:
             f"    to: {destination.endpoint_yaml('to')}\n" + options
         )
 
-    async def route(self, route: str, db: str) -> RouteResult:
+    async def route(self, route: str, db: str, workers: int) -> RouteResult:
         n = self.args.messages
-        result = RouteResult(route, db)
+        result = RouteResult(route, db, workers)
         source, destination = self.endpoints(route, db)
         await source.create()
         await destination.create()
         await source.write(make_messages(n, self.args.size), 1000)
         progress = self.progress(source, destination)
         config = self.config(source, destination)
-        homes = [self.workdir / f"{route}-{db}-{i}" for i in range(self.args.processes)]
+        homes = [self.workdir / f"{route}-{db}-w{workers}-{i}" for i in range(self.args.processes)]
         for home in homes:
             home.mkdir()
-        bridge = Bridges([BridgeProcess(config, "bench", home) for home in homes])
+        bridge = Bridges([BridgeProcess(config, "bench", home, workers) for home in homes])
         bridge.start()
-        profiler = self.profiler(bridge.processes[0], f"{route}-{db}")
+        profiler = self.profiler(bridge.processes[0], f"{route}-{db}-w{workers}")
         try:
             rate, cpu, busy = await asyncio.to_thread(self.watch, progress, n, bridge)
             result.machine_busy = busy
@@ -282,6 +283,7 @@ class Bench:
         out.parent.mkdir(parents=True, exist_ok=True)
         spy = str(Path(sys.executable).parent / "py-spy")
         command = [spy, "record", "--format", "raw", "--rate", "250", "--threads"]
+        command += ["--subprocesses"] if bridge.workers > 1 else []
         command += ["--idle"] if self.args.profile_idle else []
         command += ["-o", str(out), "--pid", str(bridge.pid)]
         return subprocess.Popen(
@@ -390,8 +392,8 @@ class Bench:
                     print(f"  {route} {db}: {baselines[route, db]:,.0f} msg/s", flush=True)
         print("routes", flush=True)
         for route in args.routes:
-            for db in args.db:
-                result = await self.route(route, db)
+            for db, workers in ((db, w) for db in args.db for w in args.workers):
+                result = await self.route(route, db, workers)
                 names = self.leg_names(route, db)
                 slower = min(names, key=lambda name: self.legs.get(name, 0.0))
                 result.raw_leg, result.raw_rate = slower, self.legs.get(slower, float("nan"))
@@ -399,7 +401,8 @@ class Bench:
                 result.ceiling = ceiling(self.legs, self.leg_busy, names)
                 self.results.append(result)
                 print(
-                    f"  {route} {db}: {result.rate:,.0f} msg/s, p50 {result.p50_ms:.1f} ms, "
+                    f"  {route} {db} workers {workers}: {result.rate:,.0f} msg/s, "
+                    f"p50 {result.p50_ms:.1f} ms, "
                     f"p99 {result.p99_ms:.1f} ms {' '.join(result.notes)}",
                     flush=True,
                 )
@@ -537,6 +540,7 @@ def _text(value: object) -> str:
 HEAD = (
     "route",
     "database",
+    "workers",
     "msgs/s",
     "bridge CPU µs/msg",
     "machine CPU busy",
@@ -557,6 +561,7 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
         [
             r.route,
             r.db,
+            r.workers,
             r.rate,
             r.cpu_us,
             f"{r.machine_busy:.0%}",
@@ -591,8 +596,8 @@ def report(
     for r in results:
         if r.duplicates or r.missing or r.notes:
             print(
-                f"{r.route} {r.db}: duplicates {r.duplicates}, missing {r.missing}; "
-                + "; ".join(r.notes)
+                f"{r.route} {r.db} workers {r.workers}: "
+                f"duplicates {r.duplicates}, missing {r.missing}; " + "; ".join(r.notes)
             )
 
 
@@ -613,9 +618,12 @@ def combine(paths: list[str]) -> None:
             r
             for run in runs
             for r in run["results"]
-            if (r["route"], r["db"]) == (first["route"], first["db"])
+            if (r["route"], r["db"], r.get("workers", 1))
+            == (first["route"], first["db"], first.get("workers", 1))
         ]
-        merged = RouteResult(first["route"], first["db"], raw_leg=first["raw_leg"])
+        merged = RouteResult(
+            first["route"], first["db"], first.get("workers", 1), raw_leg=first["raw_leg"]
+        )
         for key in (
             "rate",
             "cpu_us",
@@ -648,6 +656,11 @@ def main() -> int:
     parser.add_argument(
         "--processes", type=int, default=1, help="bridge processes per route (as replicas)"
     )
+    parser.add_argument(
+        "--workers",
+        default="1,2",
+        help="comma-separated `bridge run --workers` counts; each route runs with each",
+    )
     parser.add_argument("--baseline-messages", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load, msg/s")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
@@ -666,6 +679,7 @@ def main() -> int:
         return 0
     args.routes = [r for r in args.routes.split(",") if r]
     args.db = [d for d in args.db.split(",") if d]
+    args.workers = [int(w) for w in args.workers.split(",") if w]
     unknown = [r for r in args.routes if r not in ROUTES] + [
         d for d in args.db if d not in DATABASES
     ]
@@ -679,7 +693,8 @@ def main() -> int:
     concurrency = args.concurrency or DEFAULT_CONCURRENCY
     print(
         f"{args.messages} messages of {args.size} B per route; batch_size {batch}, "
-        f"concurrency {concurrency}, {args.processes} bridge process(es); "
+        f"concurrency {concurrency}, {args.processes} bridge process(es) with workers "
+        f"{'/'.join(map(str, args.workers))}; "
         f"latency at {args.rate:.0f} msg/s for "
         f"{args.latency_seconds:.0f} s; baseline {args.baseline_messages} messages",
         flush=True,

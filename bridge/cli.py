@@ -46,6 +46,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument(
@@ -75,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--until-idle", type=float, metavar="SECONDS", help="exit once all sources stay empty"
     )
+    run.add_argument(
+        "--workers",
+        type=_positive,
+        default=os.environ.get("BRIDGE_WORKERS", "1"),
+        help="worker processes that run the routes side by side, one per core "
+        "(env BRIDGE_WORKERS; default 1: this process runs them)",
+    )
+    run.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    run.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
 
     send = commands.add_parser("send", parents=[common], help="send messages like an endpoint")
     send.add_argument("connection")
@@ -293,10 +312,40 @@ async def _run(args: argparse.Namespace) -> int:
     unknown = [name for name in args.route if name not in {r.name for r in config.routes}]
     if unknown:
         raise UsageError(f"no route named {unknown[0]!r} in {args.config}")
+    if args.workers > 1 and args.worker_index is None:
+        return await _primary(args, config)
+    link = None
+    if args.worker_fd is not None:
+        from bridge.config.models import HttpConfig
+        from bridge.routing.workers import WorkerLink
+
+        link = WorkerLink(args.worker_fd)
+        if config.http is not None:  # the primary serves the port; this worker, one of its own
+            config = config.model_copy(update={"http": HttpConfig(host="127.0.0.1", port=0)})
     if setup_tracing():
         log.info("exporting traces over OTLP")
-    supervisor = Supervisor(config, routes=args.route or None, until_idle=args.until_idle)
+    supervisor = Supervisor(
+        config, routes=args.route or None, until_idle=args.until_idle, link=link
+    )
     return await supervisor.run()
+
+
+async def _primary(args: argparse.Namespace, config: BridgeConfig) -> int:
+    """`bridge run --workers N`: start N workers with this command's own flags, keep them up."""
+    from bridge.routing.workers import Workers
+
+    worker_args = ["-c", args.config, "--log-level", args.log_level, "--log-format"]
+    worker_args.append(args.log_format)
+    for name in args.route:
+        worker_args += ["--route", name]
+    if args.until_idle is not None:
+        worker_args += ["--until-idle", str(args.until_idle)]
+    names = [r.name for r in config.routes if not args.route or r.name in args.route]
+    http = None if config.http is None else (config.http.host, config.http.port)
+    workers = Workers(
+        args.workers, worker_args, routes=names, http=http, until_idle=args.until_idle is not None
+    )
+    return await workers.run()
 
 
 async def _migrate(args: argparse.Namespace) -> int:
@@ -356,7 +405,7 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        setup_logging(args.log_level, args.log_format)
+        setup_logging(args.log_level, args.log_format, worker=getattr(args, "worker_index", None))
     except ValueError:
         print(f"bridge: error: unknown --log-level {args.log_level!r}", file=sys.stderr)
         return 2

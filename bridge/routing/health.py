@@ -1,7 +1,9 @@
 """The service's HTTP face: /healthz, /readyz, /metrics, /routes.
 
 Served by the standard library's threading HTTP server on a daemon thread, reading route state
-that the event loop writes (plain attribute reads; no locks needed for a status page).
+that the event loop writes (plain attribute reads; no locks needed for a status page). What it
+shows comes from a `Status`: `RunnerStatus` for the routes of this process, or, under
+`bridge run --workers N`, the primary's view over its workers (`bridge.routing.workers`).
 
 - `/healthz`: 200 while the process runs.
 - `/readyz`: 200 when every route is running (its source and destination reached, no loop in
@@ -22,12 +24,12 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from bridge.routing.runner import RouteRunner
 from bridge.telemetry.redact import redactor
 
-__all__ = ["HealthServer", "route_report"]
+__all__ = ["HealthServer", "RunnerStatus", "Status", "route_report"]
 
 log = logging.getLogger("bridge.http")
 
@@ -55,6 +57,39 @@ def route_report(runners: Sequence[RouteRunner]) -> list[dict[str, Any]]:
     return out
 
 
+class Status(Protocol):
+    def not_ready(self) -> list[dict[str, Any]]:
+        """What keeps the process from being ready (empty: ready)."""
+
+    def routes(self) -> list[dict[str, Any]]:
+        """The /routes report."""
+
+    def metrics(self) -> tuple[bytes, str]:
+        """Prometheus exposition text and its content type."""
+
+
+class RunnerStatus:
+    """The status of the routes this process runs."""
+
+    def __init__(self, runners: Callable[[], Sequence[RouteRunner]]) -> None:
+        self._runners = runners
+
+    def not_ready(self) -> list[dict[str, Any]]:
+        return [
+            {"route": r.route.name, "state": r.stats.state}
+            for r in self._runners()
+            if r.stats.state != "running"
+        ]
+
+    def routes(self) -> list[dict[str, Any]]:
+        return route_report(self._runners())
+
+    def metrics(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request: object, client_address: Any) -> None:
         """Log a request's failure, where the standard library prints a traceback to stderr."""
@@ -67,8 +102,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, runners: Callable[[], Sequence[RouteRunner]]) -> None:
-        self._runners = runners
+    def __init__(self, host: str, port: int, status: Status) -> None:
+        self._status = status
         handler = self._handler()
         self._server = _Server((host, port), handler)
         self._server.daemon_threads = True
@@ -84,7 +119,7 @@ class HealthServer:
         self._server.server_close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        runners = self._runners
+        view = self._status
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
@@ -105,20 +140,14 @@ class HealthServer:
                 if path == "/healthz":
                     self._json(200, {"status": "ok"})
                 elif path == "/readyz":
-                    waiting = [
-                        {"route": r.route.name, "state": r.stats.state}
-                        for r in runners()
-                        if r.stats.state != "running"
-                    ]
+                    waiting = view.not_ready()
                     self._json(
                         503 if waiting else 200, {"ready": not waiting, "not_ready": waiting}
                     )
                 elif path == "/routes":
-                    self._json(200, {"routes": route_report(runners())})
+                    self._json(200, {"routes": view.routes()})
                 elif path == "/metrics":
-                    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
-                    self._reply(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                    self._reply(200, *view.metrics())
                 else:
                     self._json(404, {"error": f"no such path {path}"})
 

@@ -27,8 +27,9 @@ from bridge.protocols import (
     TransactionalSource,
     Transport,
 )
-from bridge.routing.health import HealthServer
+from bridge.routing.health import HealthServer, RunnerStatus
 from bridge.routing.runner import Probe, RouteRunner
+from bridge.routing.workers import WorkerLink
 from bridge.telemetry.metrics import Metrics
 from bridge.transports import load
 
@@ -46,6 +47,7 @@ class Supervisor:
         until_idle: float | None = None,
         poll_timeout: float = 1.0,
         depth_every: float = 15.0,
+        link: WorkerLink | None = None,
     ) -> None:
         self.config = config
         self.routes = [r for r in config.routes if not routes or r.name in routes]
@@ -57,6 +59,7 @@ class Supervisor:
         self.runners: list[RouteRunner] = []
         self.metrics = Metrics.setup()
         self.http: HealthServer | None = None
+        self.link = link
         self._stopping = asyncio.Event()
 
     def _transport(self, name: str) -> Transport:
@@ -173,9 +176,12 @@ class Supervisor:
             self.runners = [self._runner(route) for route in self.routes]
             if self.config.http is not None:
                 self.http = HealthServer(
-                    self.config.http.host, self.config.http.port, lambda: self.runners
+                    self.config.http.host, self.config.http.port, RunnerStatus(lambda: self.runners)
                 ).start()
                 log.info("serving /healthz /readyz /metrics /routes on port %d", self.http.port)
+            if self.link is not None:  # a worker of `bridge run --workers N`
+                self.link.announce(0 if self.http is None else self.http.port)
+                self.link.watch(loop, self.stop)
             tasks = [
                 asyncio.create_task(self._run_route(r), name=r.route.name) for r in self.runners
             ]
@@ -189,6 +195,8 @@ class Supervisor:
         finally:
             if self.http is not None:
                 self.http.stop()
+            if self.link is not None:
+                self.link.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             for transport in self.transports.values():

@@ -51,12 +51,28 @@ class OneLine(logging.Filter):
         return True
 
 
-def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+class _Worker(logging.Filter):
+    """Every record of a worker of `bridge run --workers N` carries its index."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        return True
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text", worker: int | None = None) -> None:
+    """`worker`: the index of a worker process; its lines say which one wrote them."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        where = "%(name)s" if worker is None else "%(name)s[worker %(worker)s]"
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {where}: %(message)s"))
+    if worker is not None:
+        handler.addFilter(_Worker(worker))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
