@@ -171,6 +171,11 @@ def test_container_runs_the_routes_from_the_configmap(default: Manifests) -> Non
     assert "envFrom" not in main  # the defaults make no Secret and name none
 
 
+def test_workers_run_as_bridge_run_workers(chart: helm.Chart) -> None:
+    args = container(render(chart, {"workers": 2}))["args"]
+    assert args == ["run", "-c", "/etc/bridge/routes.yaml", "--workers", "2"]
+
+
 def test_probes_hit_healthz_and_readyz_on_the_http_port(default: Manifests) -> None:
     main = container(default)
     assert main["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
@@ -293,6 +298,7 @@ def test_created_service_account_is_used(full: Manifests) -> None:
 
 TYPOS = [
     {"replicas": 2},
+    {"workers": 0},
     {"image": {"tg": "1.0"}},
     {"resources": {"request": {"cpu": "1"}}},
     {"secret": {"existingsecret": "x"}},
