@@ -348,7 +348,10 @@ class Bench:
         result.offered = sent / (time.monotonic() - started)
         latencies = await reader
         if len(latencies) < sent - warm:
-            result.notes.append(f"latency: {len(latencies)} of {sent - warm} arrived")
+            note = f"latency: {len(latencies)} of {sent - warm} arrived"
+            if isinstance(source, SqlPlace | RabbitPlace):  # still there, or gone?
+                note += f", {await source.count()} still at the source"
+            result.notes.append(note)
         result.p50_ms = percentile(latencies, 50) * 1000
         result.p99_ms = percentile(latencies, 99) * 1000
 

@@ -52,7 +52,9 @@ def _positive(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of at least 1 (from --workers or BRIDGE_WORKERS), got {text!r}"
+        )
     return value
 
 

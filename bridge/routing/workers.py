@@ -168,6 +168,8 @@ class Workers:
         while not self._stopping.is_set():
             started = time.monotonic()
             code = await self._run_once(worker)
+            if self._stopping.is_set() and code == -signal.SIGTERM:
+                code = 0  # stopped before it could take the signal itself: it held nothing yet
             worker.exit_code = code
             if self._stopping.is_set() or self.until_idle:
                 return
@@ -185,6 +187,7 @@ class Workers:
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            worker.exit_code = None  # logged; a stop while it waits to start again is clean
 
     async def _run_once(self, worker: _Worker) -> int:
         primary_end, worker_end = socket.socketpair()

@@ -389,3 +389,16 @@ def test_until_idle_with_workers_drains_the_queue_and_exits_0(
     assert depth(config, "src", src) == 0
     delivered = take_ids(config, "dst", dst)
     report(f"{database}, --workers 2 --until-idle 1", sent, delivered, 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_sigterm_while_the_workers_start_is_a_clean_stop(tmp_path: Path) -> None:
+    """A pod deleted as it starts: the workers may get SIGTERM before they handle it."""
+    config = write_config(tmp_path / "routes.yaml", None, "In", "Out")
+    with primary(config) as running:
+        wait_for(lambda: len(running.workers()) == 2, timeout=30)
+        code = running.stop()
+        log = running.output()
+        assert code == 0, log
+        assert not [pid for _, pid in running.started() if is_worker(pid)], log
+    assert "Traceback" not in log, log

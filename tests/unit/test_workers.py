@@ -414,7 +414,8 @@ def run(config: Path, *args: str, env: dict[str, str] | None = None) -> tuple[in
 def test_workers_below_one_exit_2(config: Path, count: str) -> None:
     code, err = run(config, "--workers", count)
     assert code == 2, err
-    assert f"--workers: must be a whole number of at least 1, got '{count}'" in err
+    assert "--workers: must be a whole number of at least 1" in err
+    assert f"(from --workers or BRIDGE_WORKERS), got '{count}'" in err
     assert not list(config.parent.glob("*.db")), "nothing may run"
 
 
@@ -422,5 +423,6 @@ def test_workers_below_one_exit_2(config: Path, count: str) -> None:
 def test_a_bad_bridge_workers_exits_2(config: Path, count: str) -> None:
     code, err = run(config, env={"BRIDGE_WORKERS": count})
     assert code == 2, err
-    assert f"--workers: must be a whole number of at least 1, got '{count}'" in err
+    assert "--workers: must be a whole number of at least 1" in err
+    assert f"(from --workers or BRIDGE_WORKERS), got '{count}'" in err
     assert not list(config.parent.glob("*.db")), "nothing may run"
