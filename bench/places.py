@@ -357,13 +357,17 @@ def drop_sqlite(directory: Path) -> None:
 # -- Kafka -------------------------------------------------------------------------------------
 
 
+#: Partitions of a topic `bridge install` creates, unless the connection says otherwise.
+DEFAULT_PARTITIONS: int = KafkaConnection.model_fields["partitions"].default
+
+
 class KafkaPlace(Place):
     """A topic of `partitions` partitions on the local broker."""
 
     kind = "kafka"
     connection = "kafka"
 
-    def __init__(self, address: str, bootstrap: str, partitions: int = 3) -> None:
+    def __init__(self, address: str, bootstrap: str, partitions: int = DEFAULT_PARTITIONS) -> None:
         super().__init__(address)
         self.bootstrap = bootstrap
         self.partitions = partitions

@@ -69,6 +69,7 @@ from common import (
     unique,
 )
 from places import (
+    DEFAULT_PARTITIONS,
     KafkaPlace,
     Place,
     RabbitPlace,
@@ -160,7 +161,7 @@ class Bench:
     def broker(self, kind: str, prefix: str) -> KafkaPlace | RabbitPlace:
         place: KafkaPlace | RabbitPlace
         if kind == "kafka":
-            place = KafkaPlace(unique(prefix), self.kafka)
+            place = KafkaPlace(unique(prefix), self.kafka, self.args.partitions)
         else:
             place = RabbitPlace(unique(prefix), self.args.rabbitmq)
         self.places.append(place)
@@ -663,6 +664,12 @@ def main() -> int:
         "--workers",
         default="1,2",
         help="comma-separated `bridge run --workers` counts; each route runs with each",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=DEFAULT_PARTITIONS,
+        help="partitions of each Kafka topic (default: what `bridge install` creates)",
     )
     parser.add_argument("--baseline-messages", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=1000.0, help="offered load, msg/s")

@@ -86,7 +86,12 @@ class KafkaConnection(Strict):
         ge=1_000,
         description="Consumer group session timeout: how soon a dead bridge's partitions move.",
     )
-    partitions: int = Field(3, gt=0, description="Partitions of topics `bridge install` creates.")
+    partitions: int = Field(
+        6,
+        gt=0,
+        description="Partitions of topics `bridge install` creates (6: an even share for 1, 2, "
+        "3 or 6 consumers, i.e. workers x replicas).",
+    )
     replication_factor: int = Field(1, gt=0, description="Replication of created topics.")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
