@@ -46,7 +46,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive(text: str) -> int:
+def _worker_count(text: str) -> int:
+    """`--workers` (or BRIDGE_WORKERS, its default): a whole number of at least 1."""
     try:
         value = int(text)
     except ValueError:
@@ -89,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--workers",
-        type=_positive,
+        type=_worker_count,
         default=os.environ.get("BRIDGE_WORKERS", "1"),
         help="worker processes that run the routes side by side, one per core "
         "(env BRIDGE_WORKERS; default 1: this process runs them)",
@@ -336,8 +337,14 @@ async def _primary(args: argparse.Namespace, config: BridgeConfig) -> int:
     """`bridge run --workers N`: start N workers with this command's own flags, keep them up."""
     from bridge.routing.workers import Workers
 
-    worker_args = ["-c", args.config, "--log-level", args.log_level, "--log-format"]
-    worker_args.append(args.log_format)
+    worker_args = [
+        "-c",
+        args.config,
+        "--log-level",
+        args.log_level,
+        "--log-format",
+        args.log_format,
+    ]
     for name in args.route:
         worker_args += ["--route", name]
     if args.until_idle is not None:
