@@ -33,7 +33,7 @@ It prints the machine, a table of the legs (with the share of the machine's CPUs
 each ran, and so the machine CPU time one message of it takes) and a table of the routes with the
 ratios route / slower raw leg and route / baseline, and the legs' CPU ceiling: the most msgs/s
 the machine could give a route that does the work of both its raw legs (client and server side)
-with every core busy, 1 / (CPU per message of one leg + of the other). It exits 0. Every
+with every core busy, cores / (CPU per message of one leg + of the other). It exits 0. Every
 table, topic and queue has a unique name and is removed at the end; the local Kafka broker
 (tansu) is started and stopped.
 """
@@ -531,8 +531,9 @@ def leg_cost(legs: dict[str, float], busy: dict[str, float], name: str) -> float
 
 def ceiling(legs: dict[str, float], busy: dict[str, float], names: tuple[str, str]) -> float:
     """The most msgs/s this machine could give a route that does both raw legs' work (their
-    client work and their database or broker work) with every core busy."""
-    return 1.0 / sum(leg_cost(legs, busy, name) for name in names)
+    client work and their database or broker work) with every core busy: the machine has CORES
+    CPU seconds a second, one message of the route takes at least both legs' CPU seconds."""
+    return CORES / sum(leg_cost(legs, busy, name) for name in names)
 
 
 def _text(value: object) -> str:
