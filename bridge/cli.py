@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -330,7 +331,29 @@ async def _run(args: argparse.Namespace) -> int:
     supervisor = Supervisor(
         config, routes=args.route or None, until_idle=args.until_idle, link=link
     )
+    tune_gc()
     return await supervisor.run()
+
+
+#: Allocations (net of frees) between two young-generation collections; CPython's default is 700.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a process that moves messages.
+
+    A batch of 500 messages holds some 20,000 small containers (header pairs, envelopes,
+    records) for a few milliseconds. At CPython's default a young collection runs every 700
+    of them and each one walks everything still alive, which cost 30-40 % of the CPU of decoding
+    and encoding messages. Nearly all of them are freed by reference counting, not by the
+    collector, so collecting less often costs little memory. Everything alive now (modules,
+    configuration) will live as long as the process: `gc.freeze` takes it out of every
+    collection.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 async def _primary(args: argparse.Namespace, config: BridgeConfig) -> int:

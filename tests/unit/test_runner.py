@@ -531,3 +531,19 @@ async def test_one_warning_per_batch_sent_to_the_error_queue(
     line = json.loads(JsonFormatter().format(warnings[0]))
     assert line["route"] == "r" and line["error_queue"] == route.error_queue_name
     assert line["failed"] == 4 and line["level"] == "warning"
+
+
+def test_tune_gc_freezes_what_lives_and_collects_young_objects_less_often() -> None:
+    import gc
+
+    from bridge.cli import GC_YOUNG_THRESHOLD, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
