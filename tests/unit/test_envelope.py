@@ -28,6 +28,13 @@ class TestHeadersMultimap:
         h.add("k", "2")
         assert h.items() == [("k", "1"), ("k", "2")]
 
+    def test_adopt_takes_the_list_itself(self) -> None:
+        items: list[tuple[str, str | None]] = [("k", "1")]
+        h = Headers.adopt(items)
+        h.add("x", None)
+        assert items == [("k", "1"), ("x", None)]
+        assert "x" in h and "k" in h and "y" not in h
+
     def test_get_sees_the_last_occurrence(self) -> None:
         h = headers(("k", "1"), ("k", "2"))
         assert h.get("k") == "2"

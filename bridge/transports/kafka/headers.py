@@ -26,6 +26,7 @@ NServiceBus failure headers appended. A header name or value that cannot be enco
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -78,6 +79,10 @@ def key_header(key_spec: str) -> str | None:
     return name
 
 
+#: key_header per message, without parsing the spec again (a route has one or two specs).
+_key_header = functools.lru_cache(maxsize=64)(key_header)
+
+
 def native_id(topic: str, partition: int, offset: int) -> str:
     return f"{topic}/{partition}/{offset}"
 
@@ -97,10 +102,11 @@ def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
         headers.set(TIME_TO_BE_RECEIVED, format_timespan(timedelta(seconds=remaining)))
     try:
         encoded = [(name, None if value is None else value.encode()) for name, value in headers]
-        for name, _ in encoded:  # the producer encodes names later, where it would fail the batch
-            if not name.isascii():
+        # The producer encodes names later, where a bad one would fail the whole batch.
+        if not "".join(headers.names()).isascii():
+            for name, _ in encoded:
                 name.encode()
-        key_name = key_header(key_spec)
+        key_name = _key_header(key_spec)
         key_value = None if key_name is None else headers.get(key_name)
         key = None if key_value is None else key_value.encode()
     except UnicodeEncodeError as exc:
@@ -119,23 +125,24 @@ def from_record(
 ) -> Envelope:
     """The envelope a record carries; raise HeadersFormatError when a header is not UTF-8."""
     where = native_id(topic, partition, offset)
-    items: list[tuple[str, str | None]] = []
-    for name, raw in headers:
-        if raw is None:
-            items.append((name, None))
-            continue
-        try:
-            items.append((name, raw.decode()))
-        except UnicodeDecodeError as exc:
-            reason = f"header {name!r} of record {where} is not UTF-8: {exc}"
-            raise HeadersFormatError(reason) from exc
-    decoded = Headers(items)
-    if MESSAGE_ID not in decoded:
-        decoded.add(MESSAGE_ID, record_message_id(topic, partition, offset))
+    try:
+        items = [(name, None if raw is None else raw.decode()) for name, raw in headers]
+    except UnicodeDecodeError:
+        for name, raw in headers:  # which one, for the reason
+            try:
+                None if raw is None else raw.decode()
+            except UnicodeDecodeError as exc:
+                reason = f"header {name!r} of record {where} is not UTF-8: {exc}"
+                raise HeadersFormatError(reason) from exc
+        raise
+    last = dict(items)  # the last occurrence of each name, as Headers.get reads it
+    if MESSAGE_ID not in last:
+        items.append((MESSAGE_ID, record_message_id(topic, partition, offset)))
+    ttbr = last.get(TIME_TO_BE_RECEIVED)
     return Envelope(
-        headers=decoded,
+        headers=Headers.adopt(items),
         body=value or b"",
-        expires_at=_expires_at(decoded.get(TIME_TO_BE_RECEIVED), timestamp_ms),
+        expires_at=None if ttbr is None else _expires_at(ttbr, timestamp_ms),
         native_id=where,
     )
 
