@@ -34,7 +34,7 @@ from bridge.wireformat import timestamp_seconds
 __all__ = ["Metrics", "RouteMetrics"]
 
 #: One forwarded message in this many goes into the latency histogram.
-LATENCY_SAMPLE_EVERY = 8
+LATENCY_SAMPLE_EVERY = 32
 
 SECONDS_BUCKETS = (
     *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
