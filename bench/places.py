@@ -39,6 +39,7 @@ from bridge.transports.kafka.headers import to_record
 from bridge.transports.rabbitmq import Transport as RabbitTransport
 from bridge.transports.rabbitmq.headers import to_amqp
 from bridge.transports.sql.postgresql import Transport as PostgresTransport
+from bridge.transports.sql.queue import CHAIN
 from bridge.transports.sql.sqlite import Transport as SqliteTransport
 from bridge.transports.sql.sqlite import set_up as sqlite_set_up
 
@@ -185,6 +186,11 @@ class SqlPlace(Place):
         return await asyncio.to_thread(run)
 
     async def read(self, count: int, batch: int) -> float:
+        """Batched receive with the bridge's transaction shape: on PostgreSQL a commit per
+        batch, on SQLite up to `CHAIN` batches per transaction (the bridge's SQLite source
+        receives the next batch in the transaction holding the last; see `queue.py`)."""
+        per_transaction = 1 if self.kind == "postgresql" else CHAIN
+
         def run() -> float:
             db = self.connect(receiving=True)
             try:
@@ -192,8 +198,11 @@ class SqlPlace(Place):
                 while got < count:
                     self._begin(db)
                     cursor = db.cursor()
-                    cursor.execute(self.statements.receive, (batch,))
-                    got += len(cursor.fetchall())
+                    for _ in range(per_transaction):
+                        cursor.execute(self.statements.receive, (batch,))
+                        got += len(cursor.fetchall())
+                        if got >= count:
+                            break
                     db.commit()
                 return time.perf_counter() - started
             finally:

@@ -11,10 +11,11 @@ Guarantees
     destination slows the source.
 
 Pipeline
-    A loop whose source `receives_ahead` (an SQL queue table on PostgreSQL or SQL Server)
-    receives the next batch while it sends the current one; batches are still sent and settled
-    one after the other, in the order they were received, so a loop keeps the source's order.
-    When a batch fails, the one received ahead of it goes back to the source too.
+    A loop whose source `receives_ahead` (an SQL queue table: on PostgreSQL or SQL Server on a
+    second connection, on SQLite in the transaction it holds) receives the next batch while it
+    sends the current one; batches are still sent and settled one after the other, in the order
+    they were received, so a loop keeps the source's order. When a batch fails, the one
+    received ahead of it goes back to the source too.
 
 State
     Each loop has its own state and the route's is derived from them: `backoff` when any loop
@@ -374,7 +375,6 @@ class _Receiver:
         self._max_bytes = max_bytes
         self._count = min(max_messages, self.FIRST_BATCH)
         self._timeout = timeout
-        self._ahead = bool(getattr(source, "receives_ahead", False))
         self._task: asyncio.Task[ReceivedBatch] | None = None
 
     def _sized(self, batch: ReceivedBatch) -> ReceivedBatch:
@@ -385,7 +385,8 @@ class _Receiver:
         return batch
 
     def receive_ahead(self) -> None:
-        if self._ahead:
+        # Asked each time: a SQLite source receives ahead only while its transaction has room.
+        if getattr(self._source, "receives_ahead", False):
             self._task = asyncio.create_task(self._source.receive_batch(self._count, self._timeout))
 
     async def take(self) -> ReceivedBatch:

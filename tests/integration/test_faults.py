@@ -1,7 +1,7 @@
 """The fault suite: real `bridge run` processes, `kill -9` mid-stream, brokers and databases
 stopped and started under load. Every case counts sent, delivered, lost (must be 0) and
-duplicated (at most what was in flight: batch_size x concurrency per kill); the run ends with
-a table of them (tests/faults.py).
+duplicated (at most what was in flight: batch_size x concurrency per kill, a SQLite source's
+open transaction of up to CHAIN batches); the run ends with a table of them (tests/faults.py).
 
 Kafka -> SQL under kill -9 (exactly-once) is in test_routes_sql_kafka.py.
 """
@@ -25,6 +25,7 @@ from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
+from bridge.transports.sql.queue import CHAIN
 from tests.conftest import unique
 from tests.faults import BridgeProcess, report
 
@@ -55,6 +56,7 @@ class Rig:
                   kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,
                            partitions: {PARTITIONS}, session_timeout_ms: 3000}}
                   rabbit: {{type: rabbitmq, url: "{rabbit}", queue_type: quorum}}
+                  lite: {{type: sqlite, path: "{tmp_path / "queues.db"}"}}
                 routes:
                   - name: pg-to-kafka
                     from: {{connection: pg, queue: "{self.src}"}}
@@ -75,10 +77,17 @@ class Rig:
                     to: {{connection: pg, queue: "{self.dst}"}}
                     batch_size: {BATCH}
                     concurrency: {CONCURRENCY}
+                  - name: sqlite-to-kafka
+                    from: {{connection: lite, queue: "{self.src}"}}
+                    to: {{connection: kafka, topic: "{self.topic}"}}
+                    batch_size: {BATCH}
+                    concurrency: {CONCURRENCY}
                 """
             )
         )
-        self.pg: Transport = load("pg", load_config(self.config).config.connections["pg"])
+        connections = load_config(self.config).config.connections
+        self.pg: Transport = load("pg", connections["pg"])
+        self.lite: Transport = load("lite", connections["lite"])
         self._offsets: AIOKafkaConsumer | None = None
         self.run("install")
 
@@ -92,9 +101,10 @@ class Rig:
         assert code == 0, bridge.output()
         assert "Traceback" not in bridge.output(), bridge.output()
 
-    async def fill_pg(self) -> set[str]:
+    async def fill_source(self, database: str = "pg") -> set[str]:
+        """TOTAL messages into the `src` table of `database` (pg or sqlite)."""
         ids = [f"m{i}" for i in range(TOTAL)]
-        sink = self.pg.sink(self.src)
+        sink = (self.lite if database == "sqlite" else self.pg).sink(self.src)
         for start in range(0, TOTAL, 1000):
             chunk = ids[start : start + 1000]
             await sink.send(
@@ -192,6 +202,7 @@ class Rig:
         if self._offsets is not None:
             await self._offsets.stop()
         await self.pg.close()
+        await self.lite.close()
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
         channel = connection.channel()
         channel.queue_delete(self.queue)
@@ -241,7 +252,7 @@ def killed_at(at_kills: list[int]) -> str:
 
 
 async def test_pg_to_kafka_kill_9(rig: Rig) -> None:
-    sent = await rig.fill_pg()
+    sent = await rig.fill_source()
     with rig.bridge("run", "--route", "pg-to-kafka") as bridge:
         at_kills = await kill_mid_stream(bridge, rig.kafka_count)
     await asyncio.to_thread(rig.run, "run", "--route", "pg-to-kafka", "--until-idle", "1")
@@ -250,8 +261,20 @@ async def test_pg_to_kafka_kill_9(rig: Rig) -> None:
     report(f"pg->kafka, {killed_at(at_kills)}", sent, await rig.kafka_ids(), bound)
 
 
+async def test_sqlite_to_kafka_kill_9(rig: Rig) -> None:
+    """A SQLite source takes up to CHAIN batches in one transaction (one writer: it receives
+    ahead in the transaction it holds), so a kill returns up to that many."""
+    sent = await rig.fill_source("sqlite")
+    with rig.bridge("run", "--route", "sqlite-to-kafka") as bridge:
+        at_kills = await kill_mid_stream(bridge, rig.kafka_count)
+    await asyncio.to_thread(rig.run, "run", "--route", "sqlite-to-kafka", "--until-idle", "1")
+    assert (await rig.lite.peek(rig.src)).depth == 0
+    bound = len(at_kills) * CHAIN * BATCH
+    report(f"sqlite->kafka, {killed_at(at_kills)}", sent, await rig.kafka_ids(), bound)
+
+
 async def test_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
-    sent = await rig.fill_pg()
+    sent = await rig.fill_source()
 
     async def delivered() -> int:
         return await asyncio.to_thread(rig.rabbit_depth)
@@ -314,7 +337,7 @@ async def outage(
 
 
 async def test_rabbitmq_restart_mid_stream(rig: Rig) -> None:
-    sent = await rig.fill_pg()
+    sent = await rig.fill_source()
 
     async def moved() -> int:
         return TOTAL - await rig.pg_depth(rig.src)

@@ -8,6 +8,7 @@ import pytest
 
 from bridge.config.models import SqliteConnection
 from bridge.envelope import Envelope, Headers
+from bridge.transports.sql import queue as queue_module
 from bridge.transports.sql.dialect import DbConnection
 from bridge.transports.sql.queue import SqlSink, SqlSource, SqlTransport
 from bridge.transports.sql.sqlite import SqliteDialect
@@ -48,6 +49,42 @@ async def test_an_idle_source_polls_less_and_less_and_a_busy_one_at_once(tmp_pat
             await batch.commit()
             if i:  # rows were found last time: polled at once, once
                 assert dialect.polls == before + 1
+    finally:
+        await source.close()
+        await sink.close()
+        await transport.close()
+
+
+async def test_a_sqlite_source_that_caught_up_leaves_the_write_lock_free_before_polling_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that was not full: the next poll waits MIN_POLL (here 2 s, to see it), so the
+    lock is free for writers in between; a full batch: polled again at once."""
+    monkeypatch.setattr(queue_module, "MIN_POLL", 2.0)
+    dialect = CountingDialect("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    transport = SqlTransport("db", dialect)
+    await transport.install(["Q"])
+    source, sink = SqlSource(dialect, "Q"), SqlSink(dialect, "Q")
+    message = [Envelope(Headers([("NServiceBus.MessageId", "m")]), b"x")]
+    try:
+        await sink.send(message * 3)
+        full = await source.receive_batch(2, 5.0)
+        await full.commit()
+        before = dialect.polls
+        partial = await source.receive_batch(2, 5.0)  # a full batch before: polled at once
+        assert (len(partial.messages), dialect.polls) == (1, before + 1)
+        await partial.commit()
+        await sink.send(message)  # the lock was free: the writer got in
+        before = dialect.polls  # the sink's transaction counted too
+        assert not len(await source.receive_batch(2, 0.0))  # not due yet: no poll
+        assert dialect.polls == before
+        last = await source.receive_batch(2, 5.0)
+        assert len(last.messages) == 1
+        assert dialect.polls == before + 1
+        await last.abort()  # its row is back: the source is not caught up, polls at once
+        again = await source.receive_batch(2, 0.0)
+        assert len(again.messages) == 1
+        await again.commit()
     finally:
         await source.close()
         await sink.close()

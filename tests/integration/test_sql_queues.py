@@ -33,6 +33,7 @@ from bridge.errors import (
 )
 from bridge.protocols import FencedCheckpoint
 from bridge.transports import load
+from bridge.transports.sql import queue as queue_module
 from bridge.transports.sql.dialect import scalar
 from bridge.transports.sql.queue import CheckpointConflict, PositionMoved, SqlTransport
 from bridge.wireformat import format_timestamp, parse_timespan, timestamp_seconds
@@ -333,32 +334,32 @@ async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_pa
         await transport.close()
 
 
-async def test_a_receive_past_the_batches_a_source_may_hold_is_refused(db: Db) -> None:
-    """One batch at a time on SQLite (one writer); on PostgreSQL one more, received ahead."""
+async def test_a_receive_past_the_batches_a_source_may_hold_is_refused(
+    db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: one more batch, received ahead on a second connection. SQLite (one writer):
+    more batches in the transaction holding the first, up to CHAIN (test_sql_chained.py)."""
+    monkeypatch.setattr(queue_module, "CHAIN_SECONDS", 60.0)  # a slow machine keeps its chain
     name = await queue(db)
-    await send(db, name, [message(1)])
+    held = 2 if db.kind == "postgresql" else queue_module.CHAIN
+    await send(db, name, [message(i) for i in range(1, held + 2)])
     source = db.transport.source(name)
     try:
-        batch = await source.receive_batch(10, 5.0)
-        assert source.receives_ahead == (db.kind != "sqlite")
-        if source.receives_ahead:
-            ahead = await source.receive_batch(10, 0.05)  # nothing left: holds nothing
-            assert not len(ahead)
-            await ahead.commit()
-            await send(db, name, [message(2)])
-            ahead = await source.receive_batch(10, 5.0)
-            assert ids(ahead.messages) == ["id-2"]
-            with pytest.raises(SettleError):
-                await source.receive_batch(10, 0.1)
-            await ahead.abort()
-        else:
-            with pytest.raises(SettleError):
-                await source.receive_batch(10, 0.1)
-        await batch.commit()
-        if source.receives_ahead:
-            again = await source.receive_batch(10, 5.0)
-            assert ids(again.messages) == ["id-2"]
-            await again.commit()
+        assert source.receives_ahead == (db.kind == "postgresql")  # SQLite: nothing held yet
+        batches = [await source.receive_batch(1, 5.0)]
+        while len(batches) < held:
+            assert source.receives_ahead
+            batches.append(await source.receive_batch(1, 5.0))
+        assert source.receives_ahead == (db.kind == "postgresql")  # PostgreSQL: it could
+        with pytest.raises(SettleError):
+            await source.receive_batch(1, 0.1)
+        assert [ids(b.messages) for b in batches] == [[f"id-{i}"] for i in range(1, held + 1)]
+        await batches[-1].abort()  # the last returns; the ones before it stay taken
+        for batch in batches[:-1]:
+            await batch.commit()
+        again = await source.receive_batch(10, 5.0)
+        assert ids(again.messages) == [f"id-{held}", f"id-{held + 1}"]
+        await again.commit()
         empty = await source.receive_batch(10, 0.05)
         assert not len(empty)
         await empty.commit()
@@ -885,3 +886,18 @@ def test_postgresql_errors_never_quote_message_content(pg_dsn: str) -> None:
     assert error is not None and not error.retriable
     assert "SECRET-BODY" not in str(error)
     assert str(error).endswith("(SQLSTATE 23514)")
+
+
+async def test_a_batch_with_a_rejection_cannot_commit_without_an_error_queue(db: Db) -> None:
+    """Nowhere to put the refused message: the commit fails and every row stays."""
+    name = await queue(db)
+    await send(db, name, [message(1), message(2)])
+    source = db.transport.source(name)  # no error_queue
+    try:
+        batch = await source.receive_batch(10, 5.0)
+        batch.reject(batch.messages[0], MessageRejected("refused for good"))
+        with pytest.raises(TransportError, match="no error queue"):
+            await batch.commit()
+    finally:
+        await source.close()
+    assert ids(await drain(db, name)) == ["id-1", "id-2"]

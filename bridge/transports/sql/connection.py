@@ -36,6 +36,10 @@ class Connection:
         )
         self._db: DbConnection | None = None
         self._closed = False
+        #: How many times an open transaction may have been rolled back or the connection
+        #: dropped behind its user's back (a failed call, a cancelled one, close). Read on this
+        #: connection's thread, it tells whether a transaction begun earlier is still the open one.
+        self.resets = 0
 
     async def run(self, work: Callable[[DbConnection], T]) -> T:
         """Run `work(db)` on this connection's thread; driver errors come out translated."""
@@ -48,6 +52,17 @@ class Connection:
         """Queue a rollback behind whatever the thread is doing (a cancelled receive's rows)."""
         if not self._closed:
             self._executor.submit(self._roll_back_or_drop)
+
+    def later(self, work: Callable[[DbConnection], object]) -> None:
+        """Queue `work(db)` behind whatever the thread is doing, for no one to wait on (what a
+        cancelled call leaves to tidy up); a failure rolls back, as in `run`."""
+        if not self._closed:
+            self._executor.submit(self._call_quietly, work)
+
+    def _call_quietly(self, work: Callable[[DbConnection], object]) -> None:
+        with contextlib.suppress(Exception):
+            if self._db is not None:
+                self._call(work)
 
     async def close(self) -> None:
         """Roll back anything still open and close; idempotent."""
@@ -86,6 +101,7 @@ class Connection:
         db = self._db
         if db is None:
             return
+        self.resets += 1
         try:
             db.rollback()
         except Exception:  # the connection is gone; the server rolls back on its own
@@ -95,6 +111,7 @@ class Connection:
             self._drop()
 
     def _drop(self) -> None:
+        self.resets += 1
         db, self._db = self._db, None
         if db is not None:
             with contextlib.suppress(Exception):
