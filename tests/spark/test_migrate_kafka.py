@@ -126,10 +126,42 @@ class Setup:
         return {str(name): int(position) for name, position in rows}
 
 
+#: Attempts at the PostgreSQL -> Kafka migration below. The local broker (tansu, memory
+#: storage) sometimes loses records that it acknowledged when two producers append to one
+#: partition at the same time (`bench/tansu_producers.py`: 16 of 20,000 in one run of four),
+#: and two Spark tasks are two producers. A run whose records the bridge saw acknowledged
+#: (the job's summary) but the topic lacks is that, and is run again on a fresh table and topic;
+#: anything else fails at once.
+BROKER_LOSS_ATTEMPTS = 4
+
+
 async def test_postgresql_to_kafka_carries_every_header_and_body(
     spark: Any, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str
 ) -> None:
-    setup = Setup(tmp_path, pg_dsn, pg_schema, kafka_bootstrap)
+    for attempt in range(1, BROKER_LOSS_ATTEMPTS + 1):
+        home = tmp_path / f"attempt-{attempt}"
+        home.mkdir()
+        setup = Setup(home, pg_dsn, pg_schema, kafka_bootstrap)
+        records, sent = await _migrate_to_kafka(setup, pg_dsn, pg_schema)
+        if len(records) == len(sent) or attempt == BROKER_LOSS_ATTEMPTS:
+            break
+        got = {r.key.decode() for r in records}
+        assert got < {str(e.message_id) for e in sent}, "records the job never sent"
+        print(f"attempt {attempt}: the broker lost {len(sent) - len(records)} acknowledged records")
+    assert len(records) == 2000
+    got_by_key = {r.key.decode(): r for r in records}
+    for envelope in sent:
+        record = got_by_key[str(envelope.message_id)]
+        headers = [(k, None if v is None else v.decode()) for k, v in record.headers]
+        assert headers == list(envelope.headers)
+        assert record.value == envelope.body
+
+
+async def _migrate_to_kafka(
+    setup: Setup, pg_dsn: str, pg_schema: str
+) -> tuple[list[Any], list[Envelope]]:
+    """Fill the queue (2,000 messages, 7 expired, a poison row), migrate it to Kafka, check the
+    job's account of it and the table; the topic's records and the messages sent."""
     await setup.install()
     shop = setup.transport("shop")
     sink = shop.sink(setup.queue)
@@ -138,6 +170,7 @@ async def test_postgresql_to_kafka_carries_every_header_and_body(
     pg_insert_raw(pg_dsn, pg_schema, setup.queue, "[1, 2]", b"poison")
     await sink.send(sent[1000:] + [message(5000 + n, ttl=-1) for n in range(7)])
     await shop.close()
+    poison_before = len(pg_poison_raw_headers(pg_dsn, pg_schema))
 
     summary = await migrate(
         JobSpec.from_file(str(setup.config), "to-kafka"), master=None, partitions=5
@@ -145,15 +178,8 @@ async def test_postgresql_to_kafka_carries_every_header_and_body(
 
     assert (summary.moved.moved, summary.moved.expired, summary.moved.poison) == (2000, 7, 1)
     assert pg_rows(pg_dsn, pg_schema, setup.queue) == []
-    assert pg_poison_raw_headers(pg_dsn, pg_schema) == ["[1, 2]"]
-    records = await setup.read(setup.topic)
-    assert len(records) == 2000
-    got = {r.key.decode(): r for r in records}
-    for envelope in sent:
-        record = got[str(envelope.message_id)]
-        headers = [(k, None if v is None else v.decode()) for k, v in record.headers]
-        assert headers == list(envelope.headers)
-        assert record.value == envelope.body
+    assert pg_poison_raw_headers(pg_dsn, pg_schema)[poison_before:] == ["[1, 2]"]
+    return await setup.read(setup.topic), sent
 
 
 async def test_kafka_to_postgresql_is_exactly_once_and_the_service_resumes(
