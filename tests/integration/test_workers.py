@@ -279,11 +279,12 @@ def test_a_worker_killed_with_9_is_started_again_and_nothing_is_lost(
     with primary(config) as running:
         pids = running.wait_for_workers()
         victim, pid = 1, pids[1]
-        # mid-stream: messages arrive, and the victim has moved some of them itself
+        # mid-stream: messages arrive, and each worker has moved some of them itself (so the
+        # other worker's route is running: a worker that starts late is still `starting`)
         deadline = time.monotonic() + 60
-        while pg_count(pg_schema, dst) < total // 10 or not samples(
-            port, "bridge_messages_forwarded_total"
-        ).get(str(victim)):
+        while pg_count(pg_schema, dst) < total // 10 or not all(
+            samples(port, "bridge_messages_forwarded_total").get(str(w)) for w in (0, 1)
+        ):
             assert running.process.poll() is None, running.output()
             assert time.monotonic() < deadline, "the route never got going"
             time.sleep(0.01)
