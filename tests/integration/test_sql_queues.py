@@ -334,6 +334,26 @@ async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_pa
         await transport.close()
 
 
+async def test_a_sqlite_source_keeps_a_page_cache_for_the_id_index(tmp_path: Path) -> None:
+    """A source's connection: 64 MiB of page cache (the index pages its deletes touch); a
+    sink's keeps SQLite's default (a service may hold many)."""
+    from bridge.transports.sql.sqlite import RECEIVING_CACHE_KIB
+
+    transport = load("s", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    assert isinstance(transport, SqlTransport)
+    await transport.install(["q"])
+    source, sink = transport.source("q"), transport.sink("q")
+    try:
+        await sink.send([message(1)])
+        batch = await source.receive_batch(10, 5.0)
+        await batch.commit()
+        cache = "PRAGMA cache_size"
+        assert await source._connection.run(lambda c: scalar(c, cache)) == -RECEIVING_CACHE_KIB
+        assert await sink._connection.run(lambda c: scalar(c, cache)) == -2000
+    finally:
+        await transport.close()
+
+
 async def test_a_receive_past_the_batches_a_source_may_hold_is_refused(
     db: Db, monkeypatch: pytest.MonkeyPatch
 ) -> None:

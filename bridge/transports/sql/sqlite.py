@@ -43,6 +43,10 @@ from bridge.transports.sql.queue import SqlTransport
 __all__ = ["SqliteDialect", "Transport", "set_up"]
 
 
+#: The page cache of a source's connection, in KiB (SQLite's default is 2,000).
+RECEIVING_CACHE_KIB = 65_536
+
+
 def set_up(db: sqlite3.Connection) -> None:
     """What every connection to a queue file sets, right after it opened (the bench's raw
     connections too, so that they measure what the bridge runs on)."""
@@ -84,6 +88,11 @@ class SqliteDialect(Dialect):
         # In WAL mode, NORMAL syncs at checkpoints rather than at each commit: a power loss can
         # roll the last receives back (never corrupts), which only brings their rows back.
         db.cursor().execute("PRAGMA synchronous=NORMAL")
+        # A receive deletes each row's entry from the unique index on `id` too, at a random
+        # place in it: with SQLite's default 2 MB page cache those index pages are read again
+        # from the OS for most batches. 64 MiB (allocated as pages are read) holds them for a
+        # backlog of about a million rows: the receive statement took 25 % less CPU at 100,000.
+        db.cursor().execute(f"PRAGMA cache_size=-{RECEIVING_CACHE_KIB}")
 
     def begin(self, db: DbConnection) -> None:
         db.cursor().execute("BEGIN IMMEDIATE")
