@@ -5,9 +5,9 @@
 A bridge Kafka sink (its own transport and aiokafka producer, as in `bridge run`) sends
 `--rate` messages a second of 1 KB to a fresh topic of 6 partitions, `--per-send` of them per
 send (4 and 13 are what SQL -> Kafka sends at 1,000 msg/s from PostgreSQL and from SQLite),
-while a consumer reads the topic with the 5 ms fetch wait the route bench's consumer uses. Each
-message carries the time it was handed to the sink; the consumer takes its latency when
-`getmany` returns it. The first second is a warm-up. Prints a table of p50, p99 and max per
+with the route bench's NServiceBus headers, while the route bench's Kafka reader (a consumer
+with a 5 ms fetch wait, `KafkaPlace.timed`) takes each message's latency from the time it was
+handed to the sink. The first second is a warm-up. Prints a table of p50, p99 and max per
 setting and run: what a route into Kafka cannot go below on this machine and broker. Starts
 and stops tansu; needs nothing else.
 """
@@ -19,8 +19,7 @@ import asyncio
 import sys
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from common import percentile, print_table, unique
+from common import body_of, headers_of, percentile, print_table, unique
 from places import KafkaPlace
 
 from bridge.devbroker import LocalKafka
@@ -28,63 +27,40 @@ from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 
 PARTITIONS = 6
-SENT_AT = "Bench.SentAt"
 
 
 async def one_run(bootstrap: str, rate: int, seconds: float, per_send: int) -> list[float]:
-    """Latencies (seconds) of the messages after the first second."""
+    """Latencies (seconds) of the messages after the first second, read as the route bench
+    reads a Kafka destination's (`KafkaPlace.timed`)."""
     place = KafkaPlace(unique("hop"), bootstrap, PARTITIONS)
     await place.create()
     transport = load("kafka", place.config)
     sink = transport.sink(place.address, key="header:NServiceBus.MessageId")
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        fetch_max_wait_ms=5,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=1_048_576,
-    )
-    await consumer.start()
     total = int(rate * seconds) // per_send * per_send
-    latencies: list[float] = []
     try:
-        partitions = [TopicPartition(place.address, p) for p in range(PARTITIONS)]
-        consumer.assign(partitions)
-        await consumer.seek_to_end(*partitions)
-
-        async def read() -> None:
-            while len(latencies) < total:
-                fetched = await consumer.getmany(timeout_ms=100, max_records=5000)
-                now = time.time()
-                for records in fetched.values():
-                    for record in records:
-                        sent_at = float(dict(record.headers)[SENT_AT].decode())
-                        latencies.append(now - sent_at)
-
-        reader = asyncio.create_task(read())
-        await asyncio.sleep(1.0)  # the consumer has its positions
-        body, sent, started = b"x" * 1024, 0, time.monotonic()
+        reader = asyncio.create_task(place.timed(total - rate, time.time(), rate, seconds + 30))
+        await asyncio.sleep(1.0)  # the consumer is attached before the first send
+        body, sent, started = body_of(1024), 0, time.monotonic()
         while sent < total:
             due = int((time.monotonic() - started) * rate) + per_send - sent
             if due < per_send:
                 await asyncio.sleep(0.0005)
                 continue
-            now = repr(time.time())
+            now = time.time()
             await sink.send(
                 [
-                    Envelope(
-                        Headers([("NServiceBus.MessageId", f"m{sent + i}"), (SENT_AT, now)]), body
-                    )
+                    Envelope(Headers(headers_of(sent + i, now).items()), body)
                     for i in range(per_send)
                 ]
             )
             sent += per_send
-        await asyncio.wait_for(reader, 30)
+        return await reader
     finally:
-        await consumer.stop()
         await sink.close()
         await transport.close()
+        if place._verify is not None:  # the reader `timed` left open
+            await place._verify.stop()
         await place.drop()
-    return latencies[rate:]
 
 
 def main() -> int:
