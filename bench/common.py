@@ -21,12 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
     "PG_DSN",
     "RABBITMQ_URL",
     "BridgeProcess",
     "BusySampler",
+    "CpuTimes",
     "Result",
     "body_of",
     "headers_of",
@@ -189,22 +191,38 @@ def cpu_seconds(pid: int) -> float:
     return own
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU jiffies of the whole machine so far, from /proc/stat."""
+class CpuTimes(NamedTuple):
+    """The whole machine's CPU jiffies so far, from /proc/stat."""
+
+    busy: int  # user, nice, system, irq, softirq: work done on this machine
+    stolen: int  # steal: time a virtual CPU was ready to run and the hypervisor ran another
+    total: int  # busy + stolen + idle + iowait
+
+    def since(self, earlier: CpuTimes) -> tuple[float, float]:
+        """(busy share, stolen share) of the machine's CPU time since `earlier`."""
+        total = max(1, self.total - earlier.total)
+        return (self.busy - earlier.busy) / total, (self.stolen - earlier.stolen) / total
+
+
+def machine_busy() -> CpuTimes:
+    """The machine's CPU time so far. Stolen time is not busy: on a virtual machine whose host
+    is crowded it is what the route could not get, and it makes a run slower, not costlier."""
     with open("/proc/stat") as stat:
         values = [int(v) for v in stat.readline().split()[1:]]
     idle = values[3] + values[4]  # idle + iowait
+    stolen = values[7]
     total = sum(values[:8])
-    return total - idle, total
+    return CpuTimes(total - idle - stolen, stolen, total)
 
 
 class BusySampler:
     """Samples `machine_busy` every `every` seconds on a thread, so the share of the machine's
-    CPUs that was busy in any window of `time.perf_counter()` can be read afterwards."""
+    CPUs that was busy (or stolen) in any window of `time.perf_counter()` can be read
+    afterwards."""
 
     def __init__(self, every: float = 0.05) -> None:
         self._every = every
-        self._samples: list[tuple[float, float, float]] = []
+        self._samples: list[tuple[float, CpuTimes]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
 
@@ -218,19 +236,18 @@ class BusySampler:
 
     def _run(self) -> None:
         while True:
-            self._samples.append((time.perf_counter(), *machine_busy()))
+            self._samples.append((time.perf_counter(), machine_busy()))
             if self._stop.wait(self._every):
-                self._samples.append((time.perf_counter(), *machine_busy()))
+                self._samples.append((time.perf_counter(), machine_busy()))
                 return
 
-    def share(self, start: float, end: float) -> float:
-        """Busy share between the last sample at or before `start` and the first at or after
-        `end` (a window a little wider than asked: the samples are `every` apart)."""
+    def shares(self, start: float, end: float) -> tuple[float, float]:
+        """(busy, stolen) shares between the last sample at or before `start` and the first at
+        or after `end` (a window a little wider than asked: the samples are `every` apart)."""
         samples = list(self._samples)
         before = [s for s in samples if s[0] <= start] or samples[:1]
         after = [s for s in samples if s[0] >= end] or samples[-1:]
-        (_, busy0, total0), (_, busy1, total1) = before[-1], after[0]
-        return (busy1 - busy0) / max(1.0, total1 - total0)
+        return after[0][1].since(before[-1][1])
 
 
 class BridgeProcess:

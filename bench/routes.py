@@ -30,12 +30,13 @@ routes
     readable there: p50/p99 of (read - write).
 
 It prints the machine, a table of the legs (with the share of the machine's CPUs busy while
-each ran, and so the machine CPU time one message of it takes) and a table of the routes with the
-ratios route / slower raw leg and route / baseline, and the legs' CPU ceiling: the most msgs/s
-the machine could give a route that does the work of both its raw legs (client and server side)
-with every core busy, cores / (CPU per message of one leg + of the other). It exits 0. Every
-table, topic and queue has a unique name and is removed at the end; the local Kafka broker
-(tansu) is started and stopped.
+each ran, and so the machine CPU time one message of it takes, and the share the hypervisor
+stole: on a crowded host that is what makes one run slower than the next) and a table of the
+routes with the ratios route / slower raw leg and route / baseline, and the legs' CPU ceiling:
+the most msgs/s the machine could give a route that does the work of both its raw legs (client
+and server side) with every core busy, cores / (CPU per message of one leg + of the other). It
+exits 0. Every table, topic and queue has a unique name and is removed at the end; the local
+Kafka broker (tansu) is started and stopped.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class RouteResult:
     rate: float = float("nan")
     cpu_us: float = float("nan")
     machine_busy: float = float("nan")
+    stolen: float = float("nan")  # share of the machine's CPU the hypervisor took, throughput
+    latency_stolen: float = float("nan")  # and in the latency phase
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     offered: float = float("nan")
@@ -146,6 +149,7 @@ class Bench:
         self.places: list[Place] = []
         self.legs: dict[str, float] = {}
         self.leg_busy: dict[str, float] = {}  # share of the machine's CPUs busy during each leg
+        self.leg_stolen: dict[str, float] = {}  # and stolen by the hypervisor
         self.results: list[RouteResult] = []
 
     # places ------------------------------------------------------------------------------------
@@ -202,10 +206,13 @@ class Bench:
         }[label]
         self.legs[names[0]] = n / write
         self.legs[names[1]] = n / read
-        self.leg_busy[names[0]] = sampler.share(wrote - write, wrote)
-        self.leg_busy[names[1]] = sampler.share(done - read, done)
+        self.leg_busy[names[0]], self.leg_stolen[names[0]] = sampler.shares(wrote - write, wrote)
+        self.leg_busy[names[1]], self.leg_stolen[names[1]] = sampler.shares(done - read, done)
         await drop_tables(place)
-        print(f"  {names[0]}: {n / write:,.0f} msg/s; {names[1]}: {n / read:,.0f} msg/s")
+        print(
+            f"  {names[0]}: {n / write:,.0f} msg/s; {names[1]}: {n / read:,.0f} msg/s "
+            f"(CPU stolen {self.leg_stolen[names[0]]:.0%} / {self.leg_stolen[names[1]]:.0%})"
+        )
 
     def leg_names(self, route: str, db: str) -> tuple[str, str]:
         dbname = "PostgreSQL" if db == "postgresql" else "SQLite"
@@ -259,8 +266,8 @@ class Bench:
         bridge.start()
         profiler = self.profiler(bridge.processes[0], f"{route}-{db}-w{workers}")
         try:
-            rate, cpu, busy = await asyncio.to_thread(self.watch, progress, n, bridge)
-            result.machine_busy = busy
+            rate, cpu, (busy, stolen) = await asyncio.to_thread(self.watch, progress, n, bridge)
+            result.machine_busy, result.stolen = busy, stolen
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 profiler.wait(timeout=30)
@@ -306,19 +313,18 @@ class Bench:
 
     def watch(
         self, progress: Callable[[], int], n: int, bridge: Bridges
-    ) -> tuple[float, float, float]:
+    ) -> tuple[float, float, tuple[float, float]]:
         """(msgs/s from the first message through to the last, bridge CPU seconds meanwhile,
-        share of the machine's CPUs busy meanwhile)."""
+        shares of the machine's CPUs busy and stolen meanwhile)."""
         deadline = time.monotonic() + self.args.timeout
-        done0, t0, cpu0, busy0 = 0, 0.0, 0.0, (0.0, 0.0)
+        done0, t0, cpu0, busy0 = 0, 0.0, 0.0, machine_busy()
         while True:
             done, now = progress(), time.monotonic()
             if not t0 and done > 0:
                 done0, t0, cpu0, busy0 = done, now, bridge.cpu(), machine_busy()
             if done >= n:
-                busy, total = machine_busy()
-                share = (busy - busy0[0]) / max(1.0, total - busy0[1])
-                return (n - done0) / (now - t0), bridge.cpu() - cpu0, share
+                shares = machine_busy().since(busy0)
+                return (n - done0) / (now - t0), bridge.cpu() - cpu0, shares
             if now > deadline or not bridge.alive():
                 raise RuntimeError(f"{done} of {n} through after {self.args.timeout} s")
             time.sleep(0.02)
@@ -344,10 +350,11 @@ class Bench:
         since = time.time()
         reader = asyncio.create_task(destination.timed(expected, since, warm, seconds + 30))
         await asyncio.sleep(0.5)  # the consumer is attached before the first write
-        started = time.monotonic()
+        started, cpu = time.monotonic(), machine_busy()
         sent = await source.paced(rate, seconds + WARM_UP, self.args.size)
         result.offered = sent / (time.monotonic() - started)
         latencies = await reader
+        result.latency_stolen = machine_busy().since(cpu)[1]
         if len(latencies) < sent - warm:
             note = f"latency: {len(latencies)} of {sent - warm} arrived"
             if isinstance(source, SqlPlace | RabbitPlace):  # still there, or gone?
@@ -407,7 +414,8 @@ class Bench:
                 print(
                     f"  {route} {db} workers {workers}: {result.rate:,.0f} msg/s, "
                     f"p50 {result.p50_ms:.1f} ms, "
-                    f"p99 {result.p99_ms:.1f} ms {' '.join(result.notes)}",
+                    f"p99 {result.p99_ms:.1f} ms, CPU stolen {result.stolen:.0%} / "
+                    f"{result.latency_stolen:.0%} {' '.join(result.notes)}",
                     flush=True,
                 )
 
@@ -549,6 +557,7 @@ HEAD = (
     "msgs/s",
     "bridge CPU µs/msg",
     "machine CPU busy",
+    "CPU stolen (run / latency)",
     "p50 ms",
     "p99 ms",
     "slower raw leg",
@@ -570,6 +579,7 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
             r.rate,
             r.cpu_us,
             f"{r.machine_busy:.0%}",
+            f"{r.stolen:.0%} / {r.latency_stolen:.0%}",
             r.p50_ms,
             r.p99_ms,
             r.raw_leg,
@@ -585,14 +595,24 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
 
 
 def report(
-    legs: dict[str, float], busy: dict[str, float], results: list[RouteResult], runs: int
+    legs: dict[str, float],
+    busy: dict[str, float],
+    stolen: dict[str, float],
+    results: list[RouteResult],
+    runs: int,
 ) -> None:
     suffix = f" (median of {runs} runs)" if runs > 1 else ""
     print(f"\nraw legs{suffix}\n")
     print_table(
-        ("leg", "msgs/s", "machine CPU busy", "machine CPU µs/msg"),
+        ("leg", "msgs/s", "machine CPU busy", "CPU stolen", "machine CPU µs/msg"),
         [
-            [name, rate, f"{busy.get(name, float('nan')):.0%}", leg_cost(legs, busy, name) * 1e6]
+            [
+                name,
+                rate,
+                f"{busy.get(name, float('nan')):.0%}",
+                f"{stolen.get(name, float('nan')):.0%}",
+                leg_cost(legs, busy, name) * 1e6,
+            ]
             for name, rate in sorted(legs.items())
         ],
     )
@@ -613,10 +633,13 @@ def combine(paths: list[str]) -> None:
         name: statistics.median(run["legs"][name] for run in runs if name in run["legs"])
         for name in runs[0]["legs"]
     }
-    busy = {
-        name: statistics.median(run["leg_busy"][name] for run in runs if name in run["leg_busy"])
-        for name in runs[0].get("leg_busy", {})
-    }
+    busy, stolen = (
+        {
+            name: statistics.median(run[key][name] for run in runs if name in run.get(key, {}))
+            for name in runs[0].get(key, {})
+        }
+        for key in ("leg_busy", "leg_stolen")
+    )
     results = []
     for first in runs[0]["results"]:
         same = [
@@ -633,6 +656,8 @@ def combine(paths: list[str]) -> None:
             "rate",
             "cpu_us",
             "machine_busy",
+            "stolen",
+            "latency_stolen",
             "p50_ms",
             "p99_ms",
             "offered",
@@ -647,7 +672,7 @@ def combine(paths: list[str]) -> None:
         merged.notes = [n for r in same for n in r["notes"]]
         results.append(merged)
     print("machine:", json.dumps(runs[0]["machine"], indent=1))
-    report(legs, busy, results, len(runs))
+    report(legs, busy, stolen, results, len(runs))
 
 
 def main() -> int:
@@ -728,7 +753,7 @@ def main() -> int:
 
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"brokers: {info['brokers']}; took {time.monotonic() - started:.0f} s")
-    report(bench.legs, bench.leg_busy, bench.results, 1)
+    report(bench.legs, bench.leg_busy, bench.leg_stolen, bench.results, 1)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -737,6 +762,7 @@ def main() -> int:
                     "args": {k: v for k, v in vars(args).items() if k != "combine"},
                     "legs": bench.legs,
                     "leg_busy": bench.leg_busy,
+                    "leg_stolen": bench.leg_stolen,
                     "results": [asdict(r) for r in bench.results],
                 },
                 indent=1,
