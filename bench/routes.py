@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import statistics
@@ -636,7 +637,7 @@ def combine(paths: list[str]) -> None:
     busy, stolen = (
         {
             name: statistics.median(run[key][name] for run in runs if name in run.get(key, {}))
-            for name in runs[0].get(key, {})
+            for name in dict.fromkeys(name for run in runs for name in run.get(key, {}))
         }
         for key in ("leg_busy", "leg_stolen")
     )
@@ -665,7 +666,8 @@ def combine(paths: list[str]) -> None:
             "baseline",
             "ceiling",
         ):
-            setattr(merged, key, statistics.median(r.get(key, float("nan")) for r in same))
+            values = [r[key] for r in same if key in r and not math.isnan(r[key])]
+            setattr(merged, key, statistics.median(values) if values else float("nan"))
         merged.raw_rate = legs.get(merged.raw_leg, float("nan"))
         merged.duplicates = sum(r["duplicates"] for r in same)
         merged.missing = sum(r["missing"] for r in same)
