@@ -317,21 +317,30 @@ async def test_a_source_commits_without_waiting_for_the_log_flush(db: Db) -> Non
     assert ids(await drain(db, name)) == ["id-2"]
 
 
-async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_path: Path) -> None:
-    """secure_delete FAST on every connection, whatever the build's default (Debian's is on)."""
+async def sqlite_pragma_after_a_receive(tmp_path: Path, pragma: str) -> tuple[Any, Any]:
+    """`PRAGMA {pragma}` on a SQLite source's connection and on a sink's, once the sink has
+    sent a message and the source has received and committed it."""
     transport = load("s", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
     assert isinstance(transport, SqlTransport)
     await transport.install(["q"])
     source, sink = transport.source("q"), transport.sink("q")
+    show = f"PRAGMA {pragma}"
     try:
         await sink.send([message(1)])
         batch = await source.receive_batch(10, 5.0)
         assert ids(batch.messages) == ["id-1"]
         await batch.commit()
-        for connection in (source._connection, sink._connection):
-            assert await connection.run(lambda c: scalar(c, "PRAGMA secure_delete")) == 2
+        return (
+            await source._connection.run(lambda c: scalar(c, show)),
+            await sink._connection.run(lambda c: scalar(c, show)),
+        )
     finally:
         await transport.close()
+
+
+async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_path: Path) -> None:
+    """secure_delete FAST on every connection, whatever the build's default (Debian's is on)."""
+    assert await sqlite_pragma_after_a_receive(tmp_path, "secure_delete") == (2, 2)
 
 
 async def test_a_sqlite_source_keeps_a_page_cache_for_the_id_index(tmp_path: Path) -> None:
@@ -339,19 +348,9 @@ async def test_a_sqlite_source_keeps_a_page_cache_for_the_id_index(tmp_path: Pat
     sink's keeps SQLite's default (a service may hold many)."""
     from bridge.transports.sql.sqlite import RECEIVING_CACHE_KIB
 
-    transport = load("s", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
-    assert isinstance(transport, SqlTransport)
-    await transport.install(["q"])
-    source, sink = transport.source("q"), transport.sink("q")
-    try:
-        await sink.send([message(1)])
-        batch = await source.receive_batch(10, 5.0)
-        await batch.commit()
-        cache = "PRAGMA cache_size"
-        assert await source._connection.run(lambda c: scalar(c, cache)) == -RECEIVING_CACHE_KIB
-        assert await sink._connection.run(lambda c: scalar(c, cache)) == -2000
-    finally:
-        await transport.close()
+    source, sink = await sqlite_pragma_after_a_receive(tmp_path, "cache_size")
+    assert source == -RECEIVING_CACHE_KIB
+    assert sink == -2000
 
 
 async def test_a_receive_past_the_batches_a_source_may_hold_is_refused(
