@@ -630,17 +630,16 @@ def report(
 def combine(paths: list[str]) -> None:
     """Medians, cell by cell, of runs saved with --json."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
-    legs = {
-        name: statistics.median(run["legs"][name] for run in runs if name in run["legs"])
-        for name in runs[0]["legs"]
-    }
-    busy, stolen = (
-        {
+
+    def per_leg(key: str) -> dict[str, float]:
+        """Median of each leg's `key` cell over the runs that have it."""
+        names = dict.fromkeys(name for run in runs for name in run.get(key, {}))
+        return {
             name: statistics.median(run[key][name] for run in runs if name in run.get(key, {}))
-            for name in dict.fromkeys(name for run in runs for name in run.get(key, {}))
+            for name in names
         }
-        for key in ("leg_busy", "leg_stolen")
-    )
+
+    legs, busy, stolen = per_leg("legs"), per_leg("leg_busy"), per_leg("leg_stolen")
     results = []
     for first in runs[0]["results"]:
         same = [
