@@ -241,6 +241,114 @@ async def test_fifo_order_across_sends_and_batches(db: Db) -> None:
     assert ids(got) == [f"id-{i}" for i in range(250)]
 
 
+def staged_sends(db: Db, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the sends staged through the dialect's COPY (PostgreSQL), by their row counts."""
+    counts: list[int] = []
+    dialect = db.transport.dialect
+    if dialect.send_stage:
+        stage_rows = dialect.stage_rows
+
+        def counted(conn: Any, rows: Any) -> None:
+            counts.append(len(rows))
+            stage_rows(conn, rows)
+
+        monkeypatch.setattr(dialect, "stage_rows", counted)
+    return counts
+
+
+async def test_a_large_send_keeps_every_value_and_the_order(
+    db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send of many rows is staged on PostgreSQL (COPY, then INSERT ... SELECT): the rows,
+    their order and each one's lifetime (by the database clock) are what a send of one row
+    at a time would write."""
+    staged = staged_sends(db, monkeypatch)
+    name = await queue(db)
+    count = queue_module.STAGE_FROM * 2 + 3
+    envelopes = []
+    for i in range(count):
+        envelope = Envelope(
+            Headers(
+                [
+                    ("NServiceBus.MessageId", f"id-{i}"),
+                    ("NServiceBus.ReplyToAddress", "Sales@[dbo]/x"),
+                    ("unicode", 'café / 東京 \u2028 "q" \\'),
+                    ("null", None),
+                ]
+            ),
+            bytes([i % 256]) * (i * 7),
+        )
+        if i % 3 == 0:
+            envelope.expires_at = time.time() + 600
+        envelopes.append(envelope)
+    await send(db, name, envelopes[:5])  # below STAGE_FROM: one insert per row
+    await send(db, name, envelopes[5:])
+    assert staged == ([count - 5] if db.kind == "postgresql" else [])
+    got = await drain(db, name, batch_size=500)
+    assert ids(got) == [f"id-{i}" for i in range(count)]
+    for sent, received in zip(envelopes, got, strict=True):
+        assert received.body == sent.body
+        assert received.headers.items() == sent.headers.items()
+        if sent.expires_at is None:
+            assert received.expires_at is None
+        else:
+            assert received.expires_at is not None
+            assert abs(received.expires_at - sent.expires_at) < 5
+
+
+async def test_a_refused_row_fails_a_large_send_as_a_whole_and_the_next_one_works(
+    pg: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data exception inside a staged send (here a CHECK that divides by zero for one body)
+    rolls the whole send back, unnamed, so the runner sends each message alone; the stage
+    outlives the rollback, and the next large send on the same connection is staged again."""
+    staged = staged_sends(pg, monkeypatch)
+    name = await queue(pg)
+    with psycopg.connect(pg.pg_dsn, autocommit=True) as admin:
+        admin.execute(
+            f"ALTER TABLE {pg.table(name)} ADD CONSTRAINT refuse CHECK "
+            "(1 / (CASE WHEN body = 'refused'::bytea THEN 0 ELSE 1 END) = 1)"
+        )
+    count = queue_module.STAGE_FROM + 10
+    good = [message(i) for i in range(count)]
+    bad = Envelope(Headers([("NServiceBus.MessageId", "bad")]), b"refused")
+    sink = pg.transport.sink(name)
+    try:
+        with pytest.raises(MessageRejected) as raised:
+            await sink.send([*good[:20], bad, *good[20:]])
+        assert raised.value.index is None
+        assert pg.rows(name) == []
+        await sink.send(good)
+    finally:
+        await sink.close()
+    assert staged == [count + 1, count]
+    assert ids(await drain(pg, name, batch_size=500)) == [f"id-{i}" for i in range(count)]
+
+
+async def test_a_large_send_after_the_connection_was_killed_stages_again(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage is a temporary table of the session: a new connection creates its own."""
+    connection = unique("shop")
+    transport = cast(SqlTransport, load(connection, postgres_config(pg_dsn, pg_schema)))
+    db = Db("postgresql", transport, pg_dsn=pg_dsn, schema=pg_schema)
+    staged = staged_sends(db, monkeypatch)
+    name = unique("Sales")
+    count = queue_module.STAGE_FROM
+    try:
+        await transport.install([name])
+        sink = transport.sink(name)
+        await sink.send([message(i) for i in range(count)])
+        assert terminate_backends(pg_dsn, f"bridge {connection}") >= 1
+        with pytest.raises(TransportUnavailable):
+            await sink.send([message(i) for i in range(count, 2 * count)])
+        await sink.send([message(i) for i in range(count, 2 * count)])  # a fresh connection
+        assert staged == [count, count, count]
+        assert ids(await drain(db, name, batch_size=500)) == [f"id-{i}" for i in range(2 * count)]
+    finally:
+        await transport.close()
+
+
 async def test_abort_returns_every_row_in_order(db: Db) -> None:
     name = await queue(db)
     await send(db, name, [message(i) for i in range(10)])

@@ -104,3 +104,24 @@ def test_every_dialect_has_every_primitive_in_its_own_sql(make: Callable[[], Dia
     (tree,) = sqlglot.parse(select, read=read, error_level=sqlglot.ErrorLevel.RAISE)
     assert isinstance(tree, exp.Select) and len(tree.expressions) == 9
     assert [table.name for table in tree.find_all(exp.Table)] == ['Sales]"']
+
+
+def test_only_postgresql_stages_large_sends_and_its_staged_insert_mirrors_the_send() -> None:
+    """The staged insert writes the same columns from the same values as `send`, read from the
+    session's stage in the order they were copied; the other databases have no stage."""
+    assert sqlserver().send_stage == sqlite().send_stage == ""
+    assert sqlite().queue_statements("Sales").send_staged == ""
+    d = postgresql()
+    statements = d.queue_statements('Sales "EU"%')
+    (tree,) = sqlglot.parse(
+        statements.send_staged, read="postgres", error_level=sqlglot.ErrorLevel.RAISE
+    )
+    assert isinstance(tree, exp.Insert)
+    assert [c.name.lower() for c in tree.this.expressions] == ["id", "expires", "headers", "body"]
+    assert tree.this.this.name == 'Sales "EU"%'  # unescaped `%`: it runs without parameters
+    select = tree.expression
+    assert [t.name for t in select.find_all(exp.Table)] == ["bridge_send"]
+    assert select.args["order"].sql(dialect="postgres") == "ORDER BY n"
+    assert statements.send_staged.split("SELECT ", 1)[1].startswith(
+        f"id::uuid, {d.expires_after('ttl')}, headers, body FROM pg_temp.bridge_send"
+    )

@@ -184,6 +184,18 @@ class Dialect(ABC):
     def send_statement(self, db: DbConnection, name: str) -> str:
         return self.layout.send_statement(db, name)
 
+    #: The table a send of many rows is staged in, where the dialect has one (`stage_rows`).
+    send_stage = ""
+
+    def create_send_stage(self, db: DbConnection) -> None:
+        """Create this session's send stage, committed: a send's rollback keeps it."""
+        raise NotImplementedError(f"{self.kind} has no send stage")
+
+    def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:
+        """Put `rows` (each `send_params`) into the send stage, in order, in the open
+        transaction; the layout's `send_staged` then inserts them."""
+        raise NotImplementedError(f"{self.kind} has no send stage")
+
     def send_params(self, row: OutgoingRow) -> Sequence[Any]:
         return self.layout.send_params(row)
 

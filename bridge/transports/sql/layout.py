@@ -81,6 +81,9 @@ class QueueStatements:
     count_range    params (lo, hi) -> one row, one int: rows with lo <= seq <= hi
     scan_range     params (after, hi, max_rows): reads (never locks or deletes) up to max_rows
                    `ScannedRow`s with after < seq <= hi, in seq order
+
+    send_staged    no params; `send` of every row in the session's send stage, in its order
+                   (`Dialect.stage_rows`); empty where the dialect has no stage
     """
 
     create: tuple[str, ...]
@@ -94,6 +97,7 @@ class QueueStatements:
     receive_range: str
     count_range: str
     scan_range: str
+    send_staged: str = ""
 
 
 @dataclass(frozen=True, slots=True)

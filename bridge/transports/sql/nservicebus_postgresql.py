@@ -26,6 +26,7 @@ class _Table:
     columns: str  # of a send, as the table's creator spelled them
     key: str  # the column a delete finds its rows by: the primary key
     alias: str  # of a receive's target, where the statement names one
+    staged_id: str = ""  # the id column's value from the send stage's text `id`, if staged
 
 
 def _postgresql(dialect: Dialect, t: str, name: str) -> tuple[str, ...]:
@@ -52,7 +53,9 @@ def _sqlite(dialect: Dialect, t: str, name: str) -> tuple[str, ...]:
 
 
 _TABLES = {
-    "postgresql": _Table(_postgresql, "Id, Expires, Headers, Body", key="id", alias="rs"),
+    "postgresql": _Table(
+        _postgresql, "Id, Expires, Headers, Body", key="id", alias="rs", staged_id="id::uuid"
+    ),
     "sqlite": _Table(_sqlite, "id, expires, headers, body", key="seq", alias=""),
 }
 
@@ -103,5 +106,12 @@ class PostgresLayout(Layout):
                 f"SELECT id, CASE WHEN {expired} THEN 1 ELSE 0 END, {d.read_text('headers')}, "
                 f"{d.byte_length('body')}, seq FROM {tp}\n"
                 f"WHERE seq > {p} AND seq <= {p} ORDER BY seq LIMIT {p}"
+            ),
+            send_staged=(
+                f"INSERT INTO {t} ({shape.columns})\n"
+                f"SELECT {shape.staged_id}, {d.expires_after('ttl')}, {d.write_text('headers')}, "
+                f"body FROM {d.send_stage} ORDER BY n"
+                if d.send_stage and shape.staged_id
+                else ""
             ),
         )

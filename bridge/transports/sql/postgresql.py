@@ -5,7 +5,10 @@ Features
     transport's `"schema"."table" (id uuid, expires timestamp (UTC), headers text, body bytea,
     seq serial)` (`bridge.transports.sql.nservicebus_postgresql`). A receive takes up to n rows
     at once with `FOR UPDATE SKIP LOCKED`, so concurrent receivers skip each other's rows.
-    Expiry uses the database clock, `now() AT TIME ZONE 'UTC'`.
+    Expiry uses the database clock, `now() AT TIME ZONE 'UTC'`. A send of many rows is
+    staged: a binary `COPY` into the session's temporary table `bridge_send` (emptied by every
+    commit), then one `INSERT ... SELECT` of the same values, in order; psycopg lays a COPY row
+    out in C, where a pipelined `executemany` costs Python work per row (see `SqlSink`).
 
 Connection
     `{type: postgresql, dsn: "postgresql://...", schema: public}`; a DSN without
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from bridge.config.models import PostgresConnection
 from bridge.errors import ConfigError, TransportError
@@ -36,6 +39,9 @@ from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, s
 from bridge.transports.sql.errors import postgresql_error
 from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow
 from bridge.transports.sql.queue import SqlTransport
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport", "check_table_name"]
 
@@ -102,6 +108,25 @@ class PostgresDialect(Dialect):
 
     def param_safe(self, sql: str) -> str:
         return sql.replace("%", "%%")  # psycopg reads `%` as a placeholder
+
+    send_stage = "pg_temp.bridge_send"
+
+    def create_send_stage(self, db: DbConnection) -> None:
+        db.cursor().execute(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS bridge_send (n int4 NOT NULL, id text NOT NULL,"
+            " ttl int8, headers text NOT NULL, body bytea) ON COMMIT DELETE ROWS"
+        )
+        db.commit()
+
+    def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:
+        cursor = cast("psycopg.Cursor[Any]", db.cursor())
+        with cursor.copy(
+            f"COPY {self.send_stage} (n, id, ttl, headers, body) FROM STDIN (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(["int4", "text", "int8", "text", "bytea"])
+            write = copy.write_row
+            for n, (native_id, ttl_ms, headers, body) in enumerate(rows):
+                write((n, native_id, ttl_ms, headers, body))
 
     def expires_after(self, ms: str) -> str:
         return f"{self.utc_now} + ({ms} || ' ms')::INTERVAL"

@@ -111,6 +111,8 @@ MAX_POLL = 1.0
 #: with one writer (SQLite) take in one transaction (see "Chained batches").
 CHAIN = 16
 CHAIN_SECONDS = 0.5
+#: A send of at least this many rows is staged where the dialect can (`Dialect.stage_rows`).
+STAGE_FROM = 64
 TIME_SENT = "NServiceBus.TimeSent"
 
 T = TypeVar("T")
@@ -554,6 +556,10 @@ class SqlSink:
         self._fence: dict[str, int | None] | None = None
         self._borrowed = borrowed is not None
         self._connection = borrowed or Connection(dialect)
+        # Where the dialect stages sends (see `STAGE_FROM`): the insert from the stage.
+        staged = dialect.queue_statements(address).send_staged if dialect.send_stage else ""
+        self._staged = "" if self._borrowed else staged
+        self._stage_on: DbConnection | None = None  # the session whose send stage exists
 
     def fence_checkpoint(self, stored: Mapping[str, int | None]) -> None:
         """From now on, store a position only over the one expected: at first `stored[name]`
@@ -613,12 +619,18 @@ class SqlSink:
                 return MessageRejected(f"{where}: {exc}", index=index)
         if positions and not self._checkpoint_table_ready:
             self._create_checkpoint_table(db)
-        statement = self._dialect.send_statement(db, self._address)
+        staged = self._staged and len(rows) >= STAGE_FROM
+        if staged and self._stage_on is not db:
+            self._dialect.create_send_stage(db)  # in a transaction of its own, before ours
+            self._stage_on = db
         if not self._borrowed:
             self._dialect.begin(db)
         cursor = db.cursor()
-        if rows:
-            cursor.executemany(statement, rows)
+        if staged:
+            self._dialect.stage_rows(db, rows)
+            cursor.execute(self._staged)
+        elif rows:
+            cursor.executemany(self._dialect.send_statement(db, self._address), rows)
         if positions and expected is not None:
             self._write_fenced(cursor, expected, positions, PositionMoved)
         elif positions and self._fence is not None:
