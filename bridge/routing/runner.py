@@ -387,11 +387,18 @@ class _Receiver:
     async def receive_ahead(self) -> None:
         # Asked each time: a SQLite source receives ahead only while its transaction has room.
         if getattr(self._source, "receives_ahead", False):
-            self._task = asyncio.create_task(self._source.receive_batch(self._count, self._timeout))
+            task = self._task = asyncio.create_task(
+                self._source.receive_batch(self._count, self._timeout)
+            )
             # Let the receive reach its database thread now: the send that follows lays out
             # its records without yielding (10-15 ms for a batch of 500), and the receive would
-            # otherwise start only when the send first waits, and end after it.
+            # otherwise start only when the send first waits, and end after it. Where the
+            # source says when its thread has taken the receive up, wait for that too: a
+            # thread that wakes while the send holds the interpreter lock waits for it.
             await asyncio.sleep(0)
+            begun = getattr(self._source, "receive_begun", None)
+            if begun is not None and not begun.done() and not task.done():
+                await asyncio.wait([begun, task], return_when=asyncio.FIRST_COMPLETED)
 
     async def take(self) -> ReceivedBatch:
         task, self._task = self._task, None

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -34,8 +35,10 @@ from bridge.errors import (
 from bridge.protocols import FencedCheckpoint
 from bridge.transports import load
 from bridge.transports.sql import queue as queue_module
+from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialect import scalar
 from bridge.transports.sql.queue import CheckpointConflict, PositionMoved, SqlTransport
+from bridge.transports.sql.sqlite import SqliteDialect
 from bridge.wireformat import format_timestamp, parse_timespan, timestamp_seconds
 from tests.conftest import unique
 
@@ -1028,3 +1031,24 @@ async def test_a_batch_with_a_rejection_cannot_commit_without_an_error_queue(db:
     finally:
         await source.close()
     assert ids(await drain(db, name)) == ["id-1", "id-2"]
+
+
+async def test_a_call_says_when_its_thread_has_taken_it_up(sqlite_path: str) -> None:
+    """`Connection.run(begun=...)` resolves `begun` once the call runs, before it returns."""
+    connection = Connection(SqliteDialect("local", sqlite_config(sqlite_path)))
+    release = threading.Event()
+    begun: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def work(db: Any) -> int:
+        release.wait(10)
+        return int(db.execute("SELECT 7").fetchone()[0])
+
+    try:
+        call = asyncio.create_task(connection.run(work, begun=begun))
+        await asyncio.wait_for(begun, 10)
+        assert not call.done()  # still held in `work`
+        release.set()
+        assert await call == 7
+    finally:
+        release.set()
+        await connection.close()

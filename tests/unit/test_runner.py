@@ -547,3 +547,64 @@ def test_tune_gc_freezes_what_lives_and_collects_young_objects_less_often() -> N
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class BegunSource:
+    """A memory source whose receives say when they have begun, as an SQL source's thread
+    does (`receive_begun`): each one begins `delay` seconds after it is asked for, or, with
+    `never`, ends after that delay without ever beginning (a receive with nothing to run)."""
+
+    def __init__(self, inner: Source, events: list[str], delay: float, never: bool = False):
+        self.inner, self.events, self.delay, self.never = inner, events, delay, never
+        self.receives_ahead = True
+        self.receive_begun: asyncio.Future[None] | None = None
+
+    async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
+        begun = self.receive_begun = asyncio.get_running_loop().create_future()
+        await asyncio.sleep(self.delay)
+        if not self.never:
+            self.events.append("begun")
+            begun.set_result(None)
+        return await self.inner.receive_batch(max_messages, timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class RecordingSink:
+    def __init__(self, inner: Sink, events: list[str]) -> None:
+        self.inner, self.events = inner, events
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        self.events.append(f"send {len(envelopes)}")
+        await self.inner.send(envelopes, checkpoint)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("never", [False, True], ids=["begins", "ends-without-beginning"])
+async def test_a_loop_sends_once_the_receive_ahead_has_begun_on_its_thread(never: bool) -> None:
+    """A thread that wakes while the send lays out its records would wait for the interpreter
+    lock; so the loop waits until the source says the receive ahead began, or has ended."""
+    transport = Transport(broker=Broker())
+    route = make_route(batch_size=10)
+    await transport.sink(route.from_.address).send([message(i) for i in range(30)])
+    events: list[str] = []
+
+    def endpoints() -> tuple[Source, Sink]:
+        source = transport.source(route.from_.address)
+        sink = transport.sink(route.to.address)
+        return BegunSource(source, events, 0.02, never), RecordingSink(sink, events)
+
+    runner = RouteRunner(route, endpoints, poll_timeout=0.05)
+    dst = transport.broker.queue(route.to.address)
+    await run_until(runner, lambda: len(dst) == 30)
+    sends = [e for e in events if e.startswith("send")]
+    assert sends == ["send 10", "send 10", "send 10"]
+    if never:
+        assert "begun" not in events
+    else:  # the first receive, then each send after the receive ahead of it began
+        assert events[:6] == ["begun", "begun", "send 10", "begun", "send 10", "begun"]

@@ -206,6 +206,16 @@ class SqlSource:
         self._chained = 0  # batches in it, as the last call on the thread said
         self._chain_began = 0.0  # time.monotonic() when its first batch was taken
         self._chain_receiving = False
+        self._receive_begun: asyncio.Future[None] | None = None
+
+    @property
+    def receive_begun(self) -> asyncio.Future[None] | None:
+        """Resolved once the last receive asked for runs on its connection's thread (None
+        before the first). A loop that receives ahead waits for it before it sends: the send
+        lays out its records without yielding the interpreter lock (a few ms for a batch of
+        500), and a receive whose thread woke meanwhile would wait for the lock, instead of
+        running its statement (which does not hold the lock) beside the send."""
+        return self._receive_begun
 
     @property
     def receives_ahead(self) -> bool:
@@ -311,9 +321,10 @@ class SqlSource:
     async def _take(
         self, connection: Connection, max_messages: int, ahead: bool = False
     ) -> _Taken | None:
+        begun = self._receive_begun = asyncio.get_running_loop().create_future()
         if not self._chaining:
             try:
-                return await connection.run(partial(self._delete_oldest, max_messages))
+                return await connection.run(partial(self._delete_oldest, max_messages), begun=begun)
             except asyncio.CancelledError:
                 # The thread may have deleted rows nobody will settle: give them back.
                 connection.rollback_later()
@@ -321,7 +332,7 @@ class SqlSource:
         before = self._chained if ahead else 0
         try:
             taken, self._chained = await connection.run(
-                partial(self._chain_take, max_messages, ahead)
+                partial(self._chain_take, max_messages, ahead), begun=begun
             )
             if not ahead and taken is not None:
                 self._chain_began = time.monotonic()
