@@ -39,7 +39,7 @@ from bridge.transports.kafka.headers import to_record
 from bridge.transports.rabbitmq import Transport as RabbitTransport
 from bridge.transports.rabbitmq.headers import to_amqp
 from bridge.transports.sql.postgresql import Transport as PostgresTransport
-from bridge.transports.sql.queue import CHAIN
+from bridge.transports.sql.queue import CHAIN, STAGE_FROM
 from bridge.transports.sql.sqlite import Transport as SqliteTransport
 from bridge.transports.sql.sqlite import set_up as sqlite_set_up
 
@@ -168,16 +168,28 @@ class SqlPlace(Place):
 
     # raw legs ----------------------------------------------------------------------------------
 
-    async def write(self, messages: Sequence[Message], batch: int) -> float:
+    async def write(self, messages: Sequence[Message], batch: int, staged: bool = True) -> float:
+        """Batched insert, a commit per batch. On PostgreSQL the way the bridge's sink inserts
+        a batch of `STAGE_FROM` rows or more, unless not `staged`: a binary COPY into the
+        session's temporary table, then the layout's INSERT ... SELECT (measured faster than
+        psycopg's pipelined `executemany`, which `staged=False` runs instead)."""
         rows = self.rows(messages)
+        dialect = self.transport.dialect
+        staged = staged and bool(dialect.send_stage) and batch >= STAGE_FROM
 
         def run() -> float:
             db = self.connect()
             try:
+                if staged:
+                    dialect.create_send_stage(db)
                 started = time.perf_counter()
                 for chunk in _chunks(rows, batch):
                     self._begin(db)
-                    db.cursor().executemany(self.statements.send, chunk)
+                    if staged:
+                        dialect.stage_rows(db, chunk)
+                        db.cursor().execute(self.statements.send_staged)
+                    else:
+                        db.cursor().executemany(self.statements.send, chunk)
                     db.commit()
                 return time.perf_counter() - started
             finally:
