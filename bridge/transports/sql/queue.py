@@ -549,6 +549,12 @@ class SqlSource:
 class SqlSink:
     """Inserts envelopes as an NServiceBus endpoint would; one transaction per `send`.
 
+    A send of `STAGE_FROM` rows or more goes through the dialect's send stage where it has one
+    (PostgreSQL: a binary COPY into a temporary table, then one INSERT ... SELECT in order),
+    which lays the rows out in the driver's C code instead of running Python per row; fewer
+    rows take one pipelined `executemany`, which costs fewer round trips. The stage is
+    created on first use in a transaction of its own, so a send's rollback keeps it.
+
     A row the database refuses for good (a data exception, see `errors.py`) fails the whole
     send with `MessageRejected` without an index, so the runner sends each message alone.
 
