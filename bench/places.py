@@ -180,12 +180,11 @@ class SqlPlace(Place):
         def run() -> float:
             db = self.connect()
             try:
-                if staged:
-                    dialect.create_send_stage(db)
                 started = time.perf_counter()
                 for chunk in _chunks(rows, batch):
                     self._begin(db)
                     if staged:
+                        dialect.create_send_stage(db)
                         dialect.stage_rows(db, chunk)
                         db.cursor().execute(self.statements.send_staged)
                     else:

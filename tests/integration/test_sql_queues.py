@@ -303,8 +303,8 @@ async def test_a_refused_row_fails_a_large_send_as_a_whole_and_the_next_one_work
     pg: Db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A data exception inside a staged send (here a CHECK that divides by zero for one body)
-    rolls the whole send back, unnamed, so the runner sends each message alone; the stage
-    outlives the rollback, and the next large send on the same connection is staged again."""
+    rolls the whole send back, unnamed, so the runner sends each message alone; the next
+    large send on the same connection is staged again."""
     staged = staged_sends(pg, monkeypatch)
     name = await queue(pg)
     with psycopg.connect(pg.pg_dsn, autocommit=True) as admin:
@@ -328,6 +328,30 @@ async def test_a_refused_row_fails_a_large_send_as_a_whole_and_the_next_one_work
     assert ids(await drain(pg, name, batch_size=500)) == [f"id-{i}" for i in range(count)]
 
 
+async def test_a_large_send_creates_the_stage_when_its_session_has_none(
+    pg: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a pooler in transaction mode, the next transaction may run in a server session
+    that never had the stage; here the sink's own session loses it (`DISCARD TEMP`)."""
+    staged = staged_sends(pg, monkeypatch)
+    name = await queue(pg)
+    count = queue_module.STAGE_FROM
+    sink = pg.transport.sink(name)
+
+    def discard_temp(conn: Any) -> None:
+        conn.cursor().execute("DISCARD TEMP")
+        conn.commit()
+
+    try:
+        await sink.send([message(i) for i in range(count)])
+        await sink._connection.run(discard_temp)
+        await sink.send([message(i) for i in range(count, 2 * count)])
+    finally:
+        await sink.close()
+    assert staged == [count, count]
+    assert ids(await drain(pg, name, batch_size=500)) == [f"id-{i}" for i in range(2 * count)]
+
+
 async def test_a_large_send_after_the_connection_was_killed_stages_again(
     pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,7 +370,7 @@ async def test_a_large_send_after_the_connection_was_killed_stages_again(
         with pytest.raises(TransportUnavailable):
             await sink.send([message(i) for i in range(count, 2 * count)])
         await sink.send([message(i) for i in range(count, 2 * count)])  # a fresh connection
-        assert staged == [count, count, count]
+        assert staged == [count, count]  # the send on the killed session failed before it
         assert ids(await drain(db, name, batch_size=500)) == [f"id-{i}" for i in range(2 * count)]
     finally:
         await transport.close()

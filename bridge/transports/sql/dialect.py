@@ -188,7 +188,7 @@ class Dialect(ABC):
     send_stage = ""
 
     def create_send_stage(self, db: DbConnection) -> None:
-        """Create this session's send stage, committed: a send's rollback keeps it."""
+        """Create the session's send stage unless it has one, in the open transaction."""
         raise NotImplementedError(f"{self.kind} has no send stage")
 
     def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:

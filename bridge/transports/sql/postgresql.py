@@ -6,9 +6,10 @@ Features
     seq serial)` (`bridge.transports.sql.nservicebus_postgresql`). A receive takes up to n rows
     at once with `FOR UPDATE SKIP LOCKED`, so concurrent receivers skip each other's rows.
     Expiry uses the database clock, `now() AT TIME ZONE 'UTC'`. A send of many rows is
-    staged: a binary `COPY` into the session's temporary table `bridge_send` (emptied by every
-    commit), then one `INSERT ... SELECT` of the same values, in order; psycopg lays a COPY row
-    out in C, where a pipelined `executemany` costs Python work per row (see `SqlSink`).
+    staged: a binary `COPY` into the session's temporary table `bridge_send` (created by the
+    send's transaction unless the session has it, emptied by every commit), then one
+    `INSERT ... SELECT` of the same values, in order; psycopg lays a COPY row out in C, where a
+    pipelined `executemany` costs Python work per row (see `SqlSink`).
 
 Connection
     `{type: postgresql, dsn: "postgresql://...", schema: public}`; a DSN without
@@ -112,11 +113,13 @@ class PostgresDialect(Dialect):
     send_stage = "pg_temp.bridge_send"
 
     def create_send_stage(self, db: DbConnection) -> None:
+        # In every staged send's transaction, not once per connection: behind a pooler that
+        # gives each transaction whichever server session is free (PgBouncer's transaction
+        # mode) the session is not always the one that created it.
         db.cursor().execute(
             "CREATE TEMPORARY TABLE IF NOT EXISTS bridge_send (n int4 NOT NULL, id text NOT NULL,"
             " ttl int8, headers text NOT NULL, body bytea) ON COMMIT DELETE ROWS"
         )
-        db.commit()
 
     def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:
         cursor = cast("psycopg.Cursor[Any]", db.cursor())

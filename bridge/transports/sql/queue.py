@@ -552,8 +552,9 @@ class SqlSink:
     A send of `STAGE_FROM` rows or more goes through the dialect's send stage where it has one
     (PostgreSQL: a binary COPY into a temporary table, then one INSERT ... SELECT in order),
     which lays the rows out in the driver's C code instead of running Python per row; fewer
-    rows take one pipelined `executemany`, which costs fewer round trips. The stage is
-    created on first use in a transaction of its own, so a send's rollback keeps it.
+    rows take one pipelined `executemany`, which costs fewer round trips. Each staged send
+    creates the stage in its transaction unless the session has it (a rollback drops one it
+    created; a pooler may hand the next transaction another session).
 
     A row the database refuses for good (a data exception, see `errors.py`) fails the whole
     send with `MessageRejected` without an index, so the runner sends each message alone.
@@ -576,7 +577,6 @@ class SqlSink:
         # Where the dialect stages sends (see `STAGE_FROM`): the insert from the stage.
         staged = dialect.queue_statements(address).send_staged if dialect.send_stage else ""
         self._staged = "" if self._borrowed else staged
-        self._stage_on: DbConnection | None = None  # the session whose send stage exists
 
     def fence_checkpoint(self, stored: Mapping[str, int | None]) -> None:
         """From now on, store a position only over the one expected: at first `stored[name]`
@@ -637,13 +637,11 @@ class SqlSink:
         if positions and not self._checkpoint_table_ready:
             self._create_checkpoint_table(db)
         staged = self._staged and len(rows) >= STAGE_FROM
-        if staged and self._stage_on is not db:
-            self._dialect.create_send_stage(db)  # in a transaction of its own, before ours
-            self._stage_on = db
         if not self._borrowed:
             self._dialect.begin(db)
         cursor = db.cursor()
         if staged:
+            self._dialect.create_send_stage(db)
             self._dialect.stage_rows(db, rows)
             cursor.execute(self._staged)
         elif rows:
