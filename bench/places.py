@@ -184,7 +184,6 @@ class SqlPlace(Place):
                 for chunk in _chunks(rows, batch):
                     self._begin(db)
                     if staged:
-                        dialect.create_send_stage(db)
                         dialect.stage_rows(db, chunk)
                         db.cursor().execute(self.statements.send_staged)
                     else:

@@ -187,13 +187,10 @@ class Dialect(ABC):
     #: The table a send of many rows is staged in, where the dialect has one (`stage_rows`).
     send_stage = ""
 
-    def create_send_stage(self, db: DbConnection) -> None:
-        """Create the session's send stage unless it has one, in the open transaction."""
-        raise NotImplementedError(f"{self.kind} has no send stage")
-
     def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:
         """Put `rows` (each `send_params`) into the send stage, in order, in the open
-        transaction; the layout's `send_staged` then inserts them."""
+        transaction, creating the stage there unless the session has it; the layout's
+        `send_staged` then inserts them."""
         raise NotImplementedError(f"{self.kind} has no send stage")
 
     def send_params(self, row: OutgoingRow) -> Sequence[Any]:

@@ -112,17 +112,15 @@ class PostgresDialect(Dialect):
 
     send_stage = "pg_temp.bridge_send"
 
-    def create_send_stage(self, db: DbConnection) -> None:
+    def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:
+        cursor = cast("psycopg.Cursor[Any]", db.cursor())
         # In every staged send's transaction, not once per connection: behind a pooler that
         # gives each transaction whichever server session is free (PgBouncer's transaction
         # mode) the session is not always the one that created it.
-        db.cursor().execute(
+        cursor.execute(
             "CREATE TEMPORARY TABLE IF NOT EXISTS bridge_send (n int4 NOT NULL, id text NOT NULL,"
             " ttl int8, headers text NOT NULL, body bytea) ON COMMIT DELETE ROWS"
         )
-
-    def stage_rows(self, db: DbConnection, rows: Sequence[Sequence[Any]]) -> None:
-        cursor = cast("psycopg.Cursor[Any]", db.cursor())
         with cursor.copy(
             f"COPY {self.send_stage} (n, id, ttl, headers, body) FROM STDIN (FORMAT BINARY)"
         ) as copy:

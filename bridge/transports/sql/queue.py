@@ -641,7 +641,6 @@ class SqlSink:
             self._dialect.begin(db)
         cursor = db.cursor()
         if staged:
-            self._dialect.create_send_stage(db)
             self._dialect.stage_rows(db, rows)
             cursor.execute(self._staged)
         elif rows:
