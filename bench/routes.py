@@ -207,10 +207,8 @@ class Bench:
             "kafka": ("Kafka producer", "Kafka consumer"),
             "rabbitmq": ("RabbitMQ publisher-confirm window", "RabbitMQ consume"),
         }[label]
-        self.legs[names[0]] = n / write
-        self.legs[names[1]] = n / read
-        self.leg_busy[names[0]], self.leg_stolen[names[0]] = sampler.shares(wrote - write, wrote)
-        self.leg_busy[names[1]], self.leg_stolen[names[1]] = sampler.shares(done - read, done)
+        self.record_leg(names[0], n / write, sampler, wrote - write, wrote)
+        self.record_leg(names[1], n / read, sampler, done - read, done)
         print(
             f"  {names[0]}: {n / write:,.0f} msg/s; {names[1]}: {n / read:,.0f} msg/s "
             f"(CPU stolen {self.leg_stolen[names[0]]:.0%} / {self.leg_stolen[names[1]]:.0%})"
@@ -223,10 +221,16 @@ class Bench:
             with BusySampler() as sampler:
                 write = await place.write(messages, batch, staged=False)
                 wrote = time.perf_counter()
-            self.legs[name] = n / write
-            self.leg_busy[name], self.leg_stolen[name] = sampler.shares(wrote - write, wrote)
+            self.record_leg(name, n / write, sampler, wrote - write, wrote)
             print(f"  {name}: {n / write:,.0f} msg/s")
         await drop_tables(place)
+
+    def record_leg(
+        self, name: str, rate: float, sampler: BusySampler, start: float, end: float
+    ) -> None:
+        """A leg's rate, and the shares of the machine's CPUs busy and stolen while it ran."""
+        self.legs[name] = rate
+        self.leg_busy[name], self.leg_stolen[name] = sampler.shares(start, end)
 
     def leg_names(self, route: str, db: str) -> tuple[str, str]:
         dbname = "PostgreSQL" if db == "postgresql" else "SQLite"
