@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bridge import __version__
+from bridge import __version__, allocator
 from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
@@ -332,6 +332,7 @@ async def _run(args: argparse.Namespace) -> int:
         config, routes=args.route or None, until_idle=args.until_idle, link=link
     )
     tune_gc()
+    allocator.tune()  # large batch buffers from the heap, not a fresh mmap each (see its doc)
     return await supervisor.run()
 
 
