@@ -311,6 +311,7 @@ class Bench:
         command = [spy, "record", "--format", "raw", "--rate", "250", "--threads"]
         command += ["--subprocesses"] if bridge.workers > 1 else []
         command += ["--idle"] if self.args.profile_idle else []
+        command += ["--gil"] if self.args.profile_gil else []
         command += ["-o", str(out), "--pid", str(bridge.pid)]
         return subprocess.Popen(
             command,
@@ -723,6 +724,11 @@ def main() -> int:
     parser.add_argument("--rabbitmq", default=RABBITMQ_URL)
     parser.add_argument("--profile", metavar="DIR", help="py-spy the bridge into DIR/*.txt")
     parser.add_argument("--profile-idle", action="store_true", help="py-spy: idle stacks too")
+    parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="py-spy: only stacks holding the interpreter lock (what one process can do at most)",
+    )
     parser.add_argument("--no-legs", action="store_true", help="skip the raw legs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline")
     parser.add_argument("--json", help="also save the results here (for --combine)")
