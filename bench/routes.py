@@ -14,7 +14,8 @@ raw legs
     pipelined executemany shown for reference; on SQLite executemany),
     Kafka producer (one closed record batch per partition, acks=all), Kafka consumer (a group
     member committing each batch), RabbitMQ publisher-confirm window, RabbitMQ consume (prefetch,
-    one multiple-ack per batch).
+    one multiple-ack per batch). This process sets the C allocator's thresholds as `bridge run`
+    does (bridge/allocator.py), so a leg's large buffers cost what the route's do.
 baseline
     one message per transaction, as the NServiceBus transports and the Messaging Bridge move
     messages: receive one row (or record, or delivery) in its transaction, send one message and
@@ -81,6 +82,7 @@ from places import (
     make_messages,
 )
 
+from bridge import allocator
 from bridge.config.models import Route
 from bridge.devbroker import LocalKafka
 from bridge.envelope import Envelope, Headers
@@ -737,6 +739,7 @@ def main() -> int:
     if args.combine:
         combine(args.combine)
         return 0
+    allocator.tune()  # the raw legs run with the allocator settings `bridge run` has
     args.routes = [r for r in args.routes.split(",") if r]
     args.db = [d for d in args.db.split(",") if d]
     args.workers = [int(w) for w in args.workers.split(",") if w]
