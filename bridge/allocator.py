@@ -5,11 +5,11 @@ request out by joining bytes level by level (records, partition, topic, request,
 each join a new buffer a little larger than the last, all held until the request is written;
 the PostgreSQL and SQLite drivers and the Kafka fetches make buffers of the same order. glibc
 moves its thresholds only as far as the largest block freed so far: its heap then serves these
-buffers, but once they are freed, the free top of the heap (5 MB of it) is over the trim
-threshold (twice that block) and goes back to the system, so the next batch faults every
+buffers, but once they are freed, the free top of the heap (several MB of it) is over the
+trim threshold (twice that block) and goes back to the system, so the next batch faults every
 page in again, zeroed by the kernel. Encoding one 800 KB produce request took 1.8 ms of CPU
-that way, and 0.14 ms with the thresholds below; a PostgreSQL -> Kafka route spent 16 % less
-CPU per message.
+that way, and 0.14 ms with the thresholds below; a PostgreSQL -> Kafka route spent 8 % less
+CPU per message (docs/benchmarks.md, eighth session).
 
 `tune()` raises both thresholds for the process (`MMAP_THRESHOLD` and `TRIM_THRESHOLD`): blocks
 up to 8 MiB come from the heap and are reused, and up to 32 MiB of free heap is kept for the
