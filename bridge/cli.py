@@ -332,7 +332,7 @@ async def _run(args: argparse.Namespace) -> int:
         config, routes=args.route or None, until_idle=args.until_idle, link=link
     )
     tune_gc()
-    allocator.tune()  # large batch buffers from the heap, not a fresh mmap each (see its doc)
+    allocator.tune()  # a batch's large buffers stay in the heap for the next (see its doc)
     return await supervisor.run()
 
 
