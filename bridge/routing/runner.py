@@ -393,8 +393,9 @@ class _Receiver:
             # Let the receive reach its database thread now: the send that follows lays out
             # its records without yielding (10-15 ms for a batch of 500), and the receive would
             # otherwise start only when the send first waits, and end after it. Where the
-            # source says when its thread has taken the receive up, wait for that too: a
-            # thread that wakes while the send holds the interpreter lock waits for it.
+            # source says when its thread is about to run the receive's statement, wait for
+            # that too: a thread that needs the interpreter lock on its way there while the
+            # send holds it waits for it (up to the 5 ms switch interval, each time).
             await asyncio.sleep(0)
             begun = getattr(self._source, "receive_begun", None)
             if begun is not None and not begun.done() and not task.done():

@@ -41,29 +41,12 @@ class Connection:
         #: connection's thread, it tells whether a transaction begun earlier is still the open one.
         self.resets = 0
 
-    async def run(
-        self, work: Callable[[DbConnection], T], *, begun: asyncio.Future[None] | None = None
-    ) -> T:
-        """Run `work(db)` on this connection's thread; driver errors come out translated.
-
-        `begun`, when given, is resolved as soon as the thread takes `work` up, before the call
-        is done (see `SqlSource.receive_begun`)."""
+    async def run(self, work: Callable[[DbConnection], T]) -> T:
+        """Run `work(db)` on this connection's thread; driver errors come out translated."""
         if self._closed:
             raise TransportError(f"{self._dialect.describe()}: used after close()")
         loop = asyncio.get_running_loop()
-        if begun is None:
-            return await loop.run_in_executor(self._executor, self._call, work)
-        return await loop.run_in_executor(self._executor, self._call_begun, work, loop, begun)
-
-    def _call_begun(
-        self,
-        work: Callable[[DbConnection], T],
-        loop: asyncio.AbstractEventLoop,
-        begun: asyncio.Future[None],
-    ) -> T:
-        with contextlib.suppress(RuntimeError):  # the loop closed: no one waits any more
-            loop.call_soon_threadsafe(_resolve, begun)
-        return self._call(work)
+        return await loop.run_in_executor(self._executor, self._call, work)
 
     def rollback_later(self) -> None:
         """Queue a rollback behind whatever the thread is doing (a cancelled receive's rows)."""
@@ -135,8 +118,3 @@ class Connection:
                 db.rollback()
             with contextlib.suppress(Exception):
                 db.close()
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

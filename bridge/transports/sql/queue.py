@@ -163,6 +163,11 @@ class _Link:
     rejected: Sequence[Rejected] = ()
 
 
+def _resolve_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _savepoint(index: int) -> str:
     return f"bridge_batch_{index}"
 
@@ -210,11 +215,14 @@ class SqlSource:
 
     @property
     def receive_begun(self) -> asyncio.Future[None] | None:
-        """Resolved once the last receive asked for runs on its connection's thread (None
-        before the first). A loop that receives ahead waits for it before it sends: the send
+        """Resolved once the last receive asked for is about to run its statement on its
+        connection's thread (None before the first): after the transaction's `BEGIN` or the
+        batch's `SAVEPOINT`. A loop that receives ahead waits for it before it sends: the send
         lays out its records without yielding the interpreter lock (a few ms for a batch of
-        500), and a receive whose thread woke meanwhile would wait for the lock, instead of
-        running its statement (which does not hold the lock) beside the send."""
+        500), and a receive whose thread needed the lock meanwhile, for any line of Python on
+        its way to the statement, would wait for it (up to the 5 ms switch interval, each
+        time), instead of running its statement (which does not hold the lock) beside the
+        send."""
         return self._receive_begun
 
     @property
@@ -321,10 +329,16 @@ class SqlSource:
     async def _take(
         self, connection: Connection, max_messages: int, ahead: bool = False
     ) -> _Taken | None:
-        begun = self._receive_begun = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        begun = self._receive_begun = loop.create_future()
+
+        def announce() -> None:  # on the thread, right before the receive's statement
+            with contextlib.suppress(RuntimeError):  # the loop closed: no one waits any more
+                loop.call_soon_threadsafe(_resolve_once, begun)
+
         if not self._chaining:
             try:
-                return await connection.run(partial(self._delete_oldest, max_messages), begun=begun)
+                return await connection.run(partial(self._delete_oldest, max_messages, announce))
             except asyncio.CancelledError:
                 # The thread may have deleted rows nobody will settle: give them back.
                 connection.rollback_later()
@@ -332,7 +346,7 @@ class SqlSource:
         before = self._chained if ahead else 0
         try:
             taken, self._chained = await connection.run(
-                partial(self._chain_take, max_messages, ahead), begun=begun
+                partial(self._chain_take, max_messages, ahead, announce)
             )
             if not ahead and taken is not None:
                 self._chain_began = time.monotonic()
@@ -345,17 +359,24 @@ class SqlSource:
             raise
         return taken
 
-    def _delete_oldest(self, max_messages: int, db: DbConnection) -> _Taken | None:
+    def _delete_oldest(
+        self, max_messages: int, announce: Callable[[], None] | None, db: DbConnection
+    ) -> _Taken | None:
         """Begin a transaction and take the oldest rows in it; none: rolled back, None."""
         self._dialect.begin(db)
-        taken = self._receive_rows(max_messages, db)
+        taken = self._receive_rows(max_messages, db, announce)
         if taken is None:
             db.rollback()
         return taken
 
-    def _receive_rows(self, max_messages: int, db: DbConnection) -> _Taken | None:
-        """Delete up to `max_messages` of the oldest rows in the open transaction."""
+    def _receive_rows(
+        self, max_messages: int, db: DbConnection, announce: Callable[[], None] | None = None
+    ) -> _Taken | None:
+        """Delete up to `max_messages` of the oldest rows in the open transaction; `announce()`
+        right before the statement (see `receive_begun`)."""
         cursor = db.cursor()
+        if announce is not None:
+            announce()
         cursor.execute(self._receive, (*self._receive_params, max_messages))
         rows = self._dialect.layout.received_rows(self._dialect.fetch(cursor))
         return self._taken(rows) if rows else None
@@ -369,14 +390,18 @@ class SqlSource:
         return chain
 
     def _chain_take(
-        self, max_messages: int, ahead: bool, db: DbConnection
+        self,
+        max_messages: int,
+        ahead: bool,
+        announce: Callable[[], None] | None,
+        db: DbConnection,
     ) -> tuple[_Taken | None, int]:
         """(the batch taken, or None; how many batches the open transaction then holds)."""
         chain = self._open_chain()
         if not ahead:
             if chain is not None:
                 raise SettleError("a new transaction was begun while one holds a batch")
-            taken = self._delete_oldest(max_messages, db)
+            taken = self._delete_oldest(max_messages, announce, db)
             if taken is None:
                 return None, 0
             chain = self._chain = _Chain(self._connection.resets)
@@ -386,7 +411,7 @@ class SqlSource:
             cursor = db.cursor()
             savepoint = _savepoint(len(chain.links))
             cursor.execute(f"SAVEPOINT {savepoint}")
-            taken = self._receive_rows(max_messages, db)
+            taken = self._receive_rows(max_messages, db, announce)
             if taken is None:
                 cursor.execute(f"RELEASE {savepoint}")
                 return None, len(chain.links)
