@@ -360,7 +360,7 @@ class SqlSource:
         return taken
 
     def _delete_oldest(
-        self, max_messages: int, announce: Callable[[], None] | None, db: DbConnection
+        self, max_messages: int, announce: Callable[[], None], db: DbConnection
     ) -> _Taken | None:
         """Begin a transaction and take the oldest rows in it; none: rolled back, None."""
         self._dialect.begin(db)
@@ -370,13 +370,12 @@ class SqlSource:
         return taken
 
     def _receive_rows(
-        self, max_messages: int, db: DbConnection, announce: Callable[[], None] | None = None
+        self, max_messages: int, db: DbConnection, announce: Callable[[], None]
     ) -> _Taken | None:
         """Delete up to `max_messages` of the oldest rows in the open transaction; `announce()`
         right before the statement (see `receive_begun`)."""
         cursor = db.cursor()
-        if announce is not None:
-            announce()
+        announce()
         cursor.execute(self._receive, (*self._receive_params, max_messages))
         rows = self._dialect.layout.received_rows(self._dialect.fetch(cursor))
         return self._taken(rows) if rows else None
@@ -393,7 +392,7 @@ class SqlSource:
         self,
         max_messages: int,
         ahead: bool,
-        announce: Callable[[], None] | None,
+        announce: Callable[[], None],
         db: DbConnection,
     ) -> tuple[_Taken | None, int]:
         """(the batch taken, or None; how many batches the open transaction then holds)."""
