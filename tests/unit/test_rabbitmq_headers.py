@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import HeadersFormatError, MessageRejected
+from bridge.transports.rabbitmq import headers as amqp_headers
 from bridge.transports.rabbitmq.headers import (
     CONTENT_TYPE,
     CORRELATION_ID,
@@ -150,6 +151,19 @@ def test_the_table_to_amqp_encodes_is_the_one_pika_would_write(
     except MessageRejected:  # a name over 255 bytes, text that is not UTF-8
         return
     assert b"".join(properties.encode()) == pika_encoded(properties)
+
+
+def test_the_kept_field_names_stay_few_when_every_message_has_names_of_its_own() -> None:
+    kept = amqp_headers._FIELD_STARTS_KEPT
+    for i in range(3 * kept):
+        properties, _ = to_amqp(envelope((f"trace-{uuid.uuid4()}", None if i % 2 else "v")), NOW)
+        assert b"".join(properties.encode()) == pika_encoded(properties)
+    assert 0 < len(amqp_headers._STRING_FIELDS) <= kept
+    assert 0 < len(amqp_headers._VOID_FIELDS) <= kept
+    for name in ("n" * 256, "\ud800"):  # not a short string, not UTF-8: refused, not kept
+        with pytest.raises(MessageRejected):
+            to_amqp(envelope((name, "v")), NOW)
+        assert name not in amqp_headers._STRING_FIELDS
 
 
 def test_headers_replaced_after_to_amqp_are_the_ones_written() -> None:

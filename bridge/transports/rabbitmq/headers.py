@@ -118,6 +118,11 @@ _LAYOUT_CACHED = 4096
 #: How many layout texts each direction keeps, parsed or written.
 _LAYOUTS_KEPT = 64
 _LAYOUT_TEXTS: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+#: The encoded start of a header-table field (name and type octet) by header name.
+_STRING_FIELDS: dict[str, bytes] = {}
+_VOID_FIELDS: dict[str, bytes] = {}
+#: How many names each of those keeps; a message's own names (ids in them) must not pile up.
+_FIELD_STARTS_KEPT = 256
 _LAYOUT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 #: A string this long is at most 252 bytes of UTF-8, so surely a valid AMQP short string.
 _SURELY_SHORT = _SHORT_STRING // 4
@@ -243,18 +248,38 @@ def _encode_table(table: dict[str, str | None]) -> bytes | None:
     """An AMQP field table of long strings and voids, or None when a name or value is not
     such (too long, not encodable, not a string): then the exact checks tell what is wrong."""
     fields: list[bytes] = []
+    add = fields.append
+    strings, voids = _STRING_FIELDS, _VOID_FIELDS
     try:
         for name, value in table.items():
-            encoded = name.encode()
             if value is None:
-                fields.append(b"%c%bV" % (len(encoded), encoded))
+                start = voids.get(name)
+                if start is None:
+                    start = _field_start(voids, name, b"V")
+                add(start)
             else:
+                start = strings.get(name)
+                if start is None:
+                    start = _field_start(strings, name, b"S")
                 text = value.encode()
-                fields.append(b"%c%bS%b%b" % (len(encoded), encoded, _LENGTH(len(text)), text))
+                add(start)
+                add(_LENGTH(len(text)))
+                add(text)
     except (AttributeError, OverflowError, UnicodeEncodeError, struct.error):
         return None
     body = b"".join(fields)
     return _LENGTH(len(body)) + body
+
+
+def _field_start(kept: dict[str, bytes], name: str, kind: bytes) -> bytes:
+    """A field's name (a short string) and its type octet; raises for a name AMQP cannot
+    carry. Kept: endpoints send the same few dozen header names on every message."""
+    encoded = name.encode()
+    start = b"%c%b%b" % (len(encoded), encoded, kind)
+    if len(kept) >= _FIELD_STARTS_KEPT:
+        kept.clear()
+    kept[name] = start
+    return start
 
 
 def _encoded_size(properties: _Outgoing, headers: dict[str, str | None]) -> int | None:
