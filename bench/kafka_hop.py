@@ -1,6 +1,7 @@
 """The Kafka hop alone: latency from a send to a consumer on the local broker (tansu), no route.
 
     .venv/bin/python bench/kafka_hop.py [--rate 1000] [--seconds 10] [--per-send 4,13] [--runs 2]
+                                        [--by-second]
 
 A bridge Kafka sink (its own transport and aiokafka producer, as in `bridge run`) sends
 `--rate` messages a second of 1 KB to a fresh topic of 6 partitions, `--per-send` of them per
@@ -69,8 +70,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--per-send", default="4,13", help="messages per send, comma-separated")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument(
+        "--by-second",
+        action="store_true",
+        help="a row for each second of each run too (does the latency grow with the topic?)",
+    )
     args = parser.parse_args()
-    rows = []
+    rows: list[list[object]] = []
     with LocalKafka() as kafka:
         for run in range(1, args.runs + 1):
             for per_send in (int(n) for n in args.per_send.split(",")):
@@ -78,17 +84,25 @@ def main() -> int:
                     one_run(kafka.bootstrap_servers, args.rate, args.seconds, per_send)
                 )
                 ms = [1000 * value for value in found]
-                rows.append(
+                parts = [("all", ms)]
+                if args.by_second:  # in arrival order: `rate` messages are about a second
+                    parts += [
+                        (str(1 + i // args.rate), ms[i : i + args.rate])
+                        for i in range(0, len(ms), args.rate)
+                    ]
+                rows.extend(
                     [
                         run,
                         per_send,
                         args.rate,
-                        f"{percentile(ms, 50):.1f}",
-                        f"{percentile(ms, 99):.1f}",
-                        f"{max(ms):.1f}",
+                        second,
+                        f"{percentile(part, 50):.1f}",
+                        f"{percentile(part, 99):.1f}",
+                        f"{max(part):.1f}",
                     ]
+                    for second, part in parts
                 )
-    print_table(["run", "per send", "msgs/s", "p50 ms", "p99 ms", "max ms"], rows)
+    print_table(["run", "per send", "msgs/s", "second", "p50 ms", "p99 ms", "max ms"], rows)
     return 0
 
 

@@ -383,6 +383,9 @@ class Bench:
             result.notes.append(note)
         result.p50_ms = percentile(latencies, 50) * 1000
         result.p99_ms = percentile(latencies, 99) * 1000
+        if self.args.latency_trace:
+            name = f"{result.route}-{result.db}-w{result.workers}.txt"
+            write_latencies(Path(self.args.latency_trace) / name, latencies)
 
     # baseline ----------------------------------------------------------------------------------
 
@@ -439,6 +442,12 @@ class Bench:
                     f"{result.latency_stolen:.0%} {' '.join(result.notes)}",
                     flush=True,
                 )
+
+
+def write_latencies(path: Path, latencies: list[float]) -> None:
+    """One latency (ms) a line, in the order the messages arrived (--latency-trace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{value * 1000:.2f}\n" for value in latencies))
 
 
 async def drop_tables(*places: Place) -> None:
@@ -725,6 +734,11 @@ def main() -> int:
     parser.add_argument("--dsn", default=PG_DSN)
     parser.add_argument("--rabbitmq", default=RABBITMQ_URL)
     parser.add_argument("--profile", metavar="DIR", help="py-spy the bridge into DIR/*.txt")
+    parser.add_argument(
+        "--latency-trace",
+        metavar="DIR",
+        help="write each route's latencies (ms, in the order they arrived) to DIR/*.txt",
+    )
     parser.add_argument("--profile-idle", action="store_true", help="py-spy: idle stacks too")
     parser.add_argument(
         "--profile-gil",
