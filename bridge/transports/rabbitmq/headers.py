@@ -56,7 +56,7 @@ import struct
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pika
 
@@ -204,10 +204,21 @@ def _layout_text(order: tuple[str, ...], nulls: tuple[str, ...]) -> str:
         layout = {"order": list(order), "null": list(nulls)} if nulls else {"order": list(order)}
         text = _LAYOUT_JSON(layout)
         if len(text) <= _LAYOUT_CACHED:
-            if len(_LAYOUT_TEXTS) >= _LAYOUTS_KEPT:
-                _LAYOUT_TEXTS.clear()
-            _LAYOUT_TEXTS[key] = text
+            _keep(_LAYOUT_TEXTS, key, text, _LAYOUTS_KEPT)
     return text
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _keep(kept: dict[_K, _V], key: _K, value: _V, most: int) -> _V:
+    """`value` kept under `key` in a cache of at most `most` entries, emptied once full (what
+    is sent again soon is kept again soon)."""
+    if len(kept) >= most:
+        kept.clear()
+    kept[key] = value
+    return value
 
 
 class _Outgoing(pika.BasicProperties):  # type: ignore[misc]
@@ -275,11 +286,7 @@ def _field_start(kept: dict[str, bytes], name: str, kind: bytes) -> bytes:
     """A field's name (a short string) and its type octet; raises for a name AMQP cannot
     carry. Kept: endpoints send the same few dozen header names on every message."""
     encoded = name.encode()
-    start = b"%c%b%b" % (len(encoded), encoded, kind)
-    if len(kept) >= _FIELD_STARTS_KEPT:
-        kept.clear()
-    kept[name] = start
-    return start
+    return _keep(kept, name, b"%c%b%b" % (len(encoded), encoded, kind), _FIELD_STARTS_KEPT)
 
 
 def _encoded_size(properties: _Outgoing, headers: dict[str, str | None]) -> int | None:
