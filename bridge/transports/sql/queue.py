@@ -364,13 +364,13 @@ class SqlSource:
     ) -> _Taken | None:
         """Begin a transaction and take the oldest rows in it; none: rolled back, None."""
         self._dialect.begin(db)
-        taken = self._receive_rows(max_messages, db, announce)
+        taken = self._receive_rows(max_messages, announce, db)
         if taken is None:
             db.rollback()
         return taken
 
     def _receive_rows(
-        self, max_messages: int, db: DbConnection, announce: Callable[[], None]
+        self, max_messages: int, announce: Callable[[], None], db: DbConnection
     ) -> _Taken | None:
         """Delete up to `max_messages` of the oldest rows in the open transaction; `announce()`
         right before the statement (see `receive_begun`)."""
@@ -410,7 +410,7 @@ class SqlSource:
             cursor = db.cursor()
             savepoint = _savepoint(len(chain.links))
             cursor.execute(f"SAVEPOINT {savepoint}")
-            taken = self._receive_rows(max_messages, db, announce)
+            taken = self._receive_rows(max_messages, announce, db)
             if taken is None:
                 cursor.execute(f"RELEASE {savepoint}")
                 return None, len(chain.links)
