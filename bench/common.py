@@ -250,6 +250,34 @@ class BusySampler:
         return after[0][1].since(before[-1][1])
 
 
+class ProcessCpuSampler:
+    """A process's CPU use, one share of one core for each `every` seconds, sampled on a thread
+    from the moment it is entered (the local Kafka broker's, whose fetches cost more the more
+    record batches a topic holds: see docs/benchmarks.md, "Tenth session")."""
+
+    def __init__(self, pid: int, every: float = 1.0) -> None:
+        self._pid = pid
+        self._every = every
+        self.shares: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> ProcessCpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last, at = cpu_seconds(self._pid), time.perf_counter()
+        while not self._stop.wait(self._every):
+            now, when = cpu_seconds(self._pid), time.perf_counter()
+            self.shares.append((now - last) / (when - at))
+            last, at = now, when
+
+
 class BridgeProcess:
     """`python -m bridge run` of one route of a generated routes.yaml, as users run it."""
 

@@ -1,7 +1,7 @@
 """The Kafka hop alone: latency from a send to a consumer on the local broker (tansu), no route.
 
     .venv/bin/python bench/kafka_hop.py [--rate 1000] [--seconds 10] [--per-send 4,13] [--runs 2]
-                                        [--by-second]
+                                        [--by-second] [--no-reader]
 
 A bridge Kafka sink (its own transport and aiokafka producer, as in `bridge run`) sends
 `--rate` messages a second of 1 KB to a fresh topic of 6 partitions, `--per-send` of them per
@@ -9,18 +9,22 @@ send (4 and 13 are what SQL -> Kafka sends at 1,000 msg/s from PostgreSQL and fr
 with the route bench's NServiceBus headers, while the route bench's Kafka reader (a consumer
 with a 5 ms fetch wait, `KafkaPlace.timed`) takes each message's latency from the time it was
 handed to the sink. The first second is a warm-up. Prints a table of p50, p99 and max per
-setting and run: what a route into Kafka cannot go below on this machine and broker. Starts
-and stops tansu; needs nothing else.
+setting and run (`--by-second`: and per second): what a route into Kafka cannot go below on
+this machine and broker. Each row also has tansu's CPU, a share of one core: its fetches cost
+more the more record batches a partition holds, so with small sends and a reader it climbs
+second by second, and the latency with it (`--no-reader`: the same sends, nobody fetching).
+Starts and stops tansu; needs nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 
-from common import body_of, headers_of, percentile, print_table, unique
+from common import ProcessCpuSampler, body_of, headers_of, percentile, print_table, unique
 from places import KafkaPlace
 
 from bridge.devbroker import LocalKafka
@@ -30,38 +34,56 @@ from bridge.transports import load
 PARTITIONS = 6
 
 
-async def one_run(bootstrap: str, rate: int, seconds: float, per_send: int) -> list[float]:
+async def one_run(
+    bootstrap: str, rate: int, seconds: float, per_send: int, broker: int, read: bool = True
+) -> tuple[list[float], list[float]]:
     """Latencies (seconds) of the messages after the first second, read as the route bench
-    reads a Kafka destination's (`KafkaPlace.timed`)."""
+    reads a Kafka destination's (`KafkaPlace.timed`; none when not `read`), and the broker's
+    (process `broker`) CPU in each second of sending, as a share of one core."""
     place = KafkaPlace(unique("hop"), bootstrap, PARTITIONS)
     await place.create()
     transport = load("kafka", place.config)
     sink = transport.sink(place.address, key="header:NServiceBus.MessageId")
     total = int(rate * seconds) // per_send * per_send
     try:
-        reader = asyncio.create_task(place.timed(total - rate, time.time(), rate, seconds + 30))
+        reader = None
+        if read:
+            expected = total - rate
+            reader = asyncio.create_task(place.timed(expected, time.time(), rate, seconds + 30))
         await asyncio.sleep(1.0)  # the consumer is attached before the first send
         body, sent, started = body_of(1024), 0, time.monotonic()
-        while sent < total:
-            due = int((time.monotonic() - started) * rate) + per_send - sent
-            if due < per_send:
-                await asyncio.sleep(0.0005)
-                continue
-            now = time.time()
-            await sink.send(
-                [
-                    Envelope(Headers(headers_of(sent + i, now).items()), body)
-                    for i in range(per_send)
-                ]
-            )
-            sent += per_send
-        return await reader
+        with ProcessCpuSampler(broker) as cpu:
+            while sent < total:
+                due = int((time.monotonic() - started) * rate) + per_send - sent
+                if due < per_send:
+                    await asyncio.sleep(0.0005)
+                    continue
+                now = time.time()
+                await sink.send(
+                    [
+                        Envelope(Headers(headers_of(sent + i, now).items()), body)
+                        for i in range(per_send)
+                    ]
+                )
+                sent += per_send
+        return (await reader if reader is not None else []), cpu.shares
     finally:
         await sink.close()
         await transport.close()
         if place._verify is not None:  # the reader `timed` left open
             await place._verify.stop()
         await place.drop()
+
+
+def at(values: list[float], index: int) -> float:
+    return values[index] if index < len(values) else math.nan
+
+
+def spread(ms: list[float]) -> list[str]:
+    """p50, p99 and max cells; dashes when nothing was read."""
+    if not ms:
+        return ["-", "-", "-"]
+    return [f"{percentile(ms, 50):.1f}", f"{percentile(ms, 99):.1f}", f"{max(ms):.1f}"]
 
 
 def main() -> int:
@@ -75,34 +97,41 @@ def main() -> int:
         action="store_true",
         help="a row for each second of each run too (does the latency grow with the topic?)",
     )
+    parser.add_argument(
+        "--no-reader",
+        action="store_true",
+        help="send only, nobody fetching: the broker's CPU without a consumer",
+    )
     args = parser.parse_args()
     rows: list[list[object]] = []
     with LocalKafka() as kafka:
         for run in range(1, args.runs + 1):
             for per_send in (int(n) for n in args.per_send.split(",")):
-                found = asyncio.run(
-                    one_run(kafka.bootstrap_servers, args.rate, args.seconds, per_send)
+                found, cpu = asyncio.run(
+                    one_run(
+                        kafka.bootstrap_servers,
+                        args.rate,
+                        args.seconds,
+                        per_send,
+                        kafka.pid,
+                        read=not args.no_reader,
+                    )
                 )
                 ms = [1000 * value for value in found]
-                parts = [("all", ms)]
+                measured = cpu[1:]  # the first second is the warm-up
+                parts = [("all", ms, sum(measured) / len(measured) if measured else math.nan)]
                 if args.by_second:  # in arrival order: `rate` messages are about a second
+                    seconds = max(len(measured), math.ceil(len(ms) / args.rate))
                     parts += [
-                        (str(1 + i // args.rate), ms[i : i + args.rate])
-                        for i in range(0, len(ms), args.rate)
+                        (str(1 + i), ms[i * args.rate : (i + 1) * args.rate], at(measured, i))
+                        for i in range(seconds)
                     ]
                 rows.extend(
-                    [
-                        run,
-                        per_send,
-                        args.rate,
-                        second,
-                        f"{percentile(part, 50):.1f}",
-                        f"{percentile(part, 99):.1f}",
-                        f"{max(part):.1f}",
-                    ]
-                    for second, part in parts
+                    [run, per_send, args.rate, second, *spread(part), f"{share:.0%}"]
+                    for second, part, share in parts
                 )
-    print_table(["run", "per send", "msgs/s", "second", "p50 ms", "p99 ms", "max ms"], rows)
+    head = ["run", "per send", "msgs/s", "second", "p50 ms", "p99 ms", "max ms", "tansu CPU"]
+    print_table(head, rows)
     return 0
 
 

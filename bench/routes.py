@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -67,6 +68,7 @@ from common import (
     RABBITMQ_URL,
     BridgeProcess,
     BusySampler,
+    ProcessCpuSampler,
     machine,
     machine_busy,
     percentile,
@@ -108,6 +110,10 @@ class RouteResult:
     machine_busy: float = float("nan")
     stolen: float = float("nan")  # share of the machine's CPU the hypervisor took, throughput
     latency_stolen: float = float("nan")  # and in the latency phase
+    #: the local Kafka broker's CPU (share of one core) in the latency phase's first and last
+    #: full second, for a route with a Kafka end: its fetches cost more as record batches pile up
+    broker_cpu_first: float = float("nan")
+    broker_cpu_last: float = float("nan")
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     offered: float = float("nan")
@@ -146,9 +152,12 @@ class Bridges:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, kafka: str, workdir: Path) -> None:
+    def __init__(
+        self, args: argparse.Namespace, kafka: str, workdir: Path, kafka_pid: int = 0
+    ) -> None:
         self.args = args
         self.kafka = kafka
+        self.kafka_pid = kafka_pid  # the local broker's, to sample its CPU in latency phases
         self.workdir = workdir
         self.schema = unique("bench")
         self.places: list[Place] = []
@@ -372,8 +381,15 @@ class Bench:
         reader = asyncio.create_task(destination.timed(expected, since, warm, seconds + 30))
         await asyncio.sleep(0.5)  # the consumer is attached before the first write
         started, cpu = time.monotonic(), machine_busy()
-        sent = await source.paced(rate, seconds + WARM_UP, self.args.size)
-        result.offered = sent / (time.monotonic() - started)
+        with contextlib.ExitStack() as stack:
+            broker = None
+            if self.kafka_pid and "kafka" in result.route:
+                broker = stack.enter_context(ProcessCpuSampler(self.kafka_pid))
+            sent = await source.paced(rate, seconds + WARM_UP, self.args.size)
+            result.offered = sent / (time.monotonic() - started)
+            if broker is not None and broker.shares:
+                result.broker_cpu_first = broker.shares[0]
+                result.broker_cpu_last = broker.shares[-1]
         latencies = await reader
         result.latency_stolen = machine_busy().since(cpu)[1]
         if len(latencies) < sent - warm:
@@ -590,6 +606,7 @@ HEAD = (
     "CPU stolen (run / latency)",
     "p50 ms",
     "p99 ms",
+    "tansu CPU (latency, 1st / last s)",
     "slower raw leg",
     "leg msgs/s",
     "route / leg",
@@ -612,6 +629,7 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
             f"{r.stolen:.0%} / {r.latency_stolen:.0%}",
             r.p50_ms,
             r.p99_ms,
+            _broker_cpu(r),
             r.raw_leg,
             r.raw_rate,
             r.rate / r.raw_rate,
@@ -622,6 +640,12 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
         ]
         for r in results
     ]
+
+
+def _broker_cpu(r: RouteResult) -> str:
+    if math.isnan(r.broker_cpu_first):
+        return "-"
+    return f"{r.broker_cpu_first:.0%} / {r.broker_cpu_last:.0%}"
 
 
 def report(
@@ -687,6 +711,8 @@ def combine(paths: list[str]) -> None:
             "machine_busy",
             "stolen",
             "latency_stolen",
+            "broker_cpu_first",
+            "broker_cpu_last",
             "p50_ms",
             "p99_ms",
             "offered",
@@ -779,7 +805,7 @@ def main() -> int:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="bridge-bench-"))
     with LocalKafka() as kafka:
-        bench = Bench(args, kafka.bootstrap_servers, workdir)
+        bench = Bench(args, kafka.bootstrap_servers, workdir, kafka.pid)
         info["brokers"] = broker_versions(args)
 
         async def go() -> None:

@@ -59,6 +59,13 @@ class LocalKafka:
         self.stop()
         raise RuntimeError(f"tansu did not listen on {self.bootstrap_servers} in {timeout}s")
 
+    @property
+    def pid(self) -> int:
+        """The broker's process id (the benchmarks sample its CPU)."""
+        if self._process is None:
+            raise RuntimeError("the local Kafka broker is not running")
+        return self._process.pid
+
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
