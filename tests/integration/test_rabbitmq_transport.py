@@ -21,6 +21,7 @@ from bridge.errors import MessageRejected, MessagesRejected, TransportError, Tra
 from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
 from bridge.transports.rabbitmq import connection as connection_module
+from bridge.transports.rabbitmq import source as source_module
 from bridge.transports.rabbitmq.headers import LAYOUT, NON_PERSISTENT
 from tests.conftest import unique
 
@@ -375,6 +376,46 @@ async def test_a_steady_trickle_is_handed_over_without_waiting_for_a_full_batch(
     assert 1 <= first < 50
     got = await receive(source, 100 - first)
     assert [e.message_id for e in got] == [f"id-{i}" for i in range(first, 100)]
+
+
+async def test_deliveries_that_waited_through_the_send_before_are_handed_over_at_once(
+    make: Make, names: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`GATHER_LIMIT` counts from the oldest waiting delivery's arrival, not from the receive:
+    deliveries that came in while the batch before was being sent are not held back a whole
+    gathering time more while a trickle keeps coming (here 1 s, and a delivery every 100 ms;
+    gathering anew would take about ten of them)."""
+    monkeypatch.setattr(source_module, "GATHER_LIMIT", 1.0)
+    monkeypatch.setattr(source_module, "DELIVERY_PAUSE", 60.0)
+    transport = make()
+    queue = names("waited")
+    await transport.install([queue])
+    sink = transport.sink(queue)
+    source = transport.source(queue)
+    await sink.send([message(0)])
+    first = await source.receive_batch(1000, 5.0)  # starts the consumer; gathers for 1 s
+    await first.commit()
+    await sink.send([message(i) for i in range(1, 4)])
+    await depth_becomes(transport, queue, 0)  # all three prefetched by the consumer
+    await asyncio.sleep(1.5)  # longer than GATHER_LIMIT, as a slow send before would be
+
+    async def trickle() -> None:
+        for i in range(4, 34):
+            await sink.send([message(i)])
+            await asyncio.sleep(0.1)
+
+    sending = asyncio.create_task(trickle())
+    try:
+        batch = await source.receive_batch(1000, 5.0)
+        async with batch:
+            taken = [e.message_id for e in batch.messages]
+            await batch.commit()
+    finally:
+        await sending
+    assert taken[:3] == ["id-1", "id-2", "id-3"]
+    assert len(taken) <= 6, taken  # what came meanwhile, with 300 ms to spare; not ten more
+    rest = await receive(source, 33 - len(taken))
+    assert [e.message_id for e in rest] == [f"id-{i}" for i in range(1 + len(taken), 34)]
 
 
 async def test_commit_acknowledges_and_closing_unsettled_returns(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pika
 
@@ -64,3 +65,20 @@ async def test_a_wait_times_out_and_deliveries_of_an_earlier_consumer_are_droppe
     inbox.put(delivery(2, consumer=2))
     assert not await inbox.wait_for(2, 2, 0.02)
     assert [d.tag for d in inbox.take(2, 10)] == [2]
+
+
+async def test_first_arrived_is_the_oldest_waiting_delivery_of_the_consumer() -> None:
+    """A receive counts its gathering time from here (`GATHER_LIMIT`), so it must move on as
+    deliveries are taken and skip those of a consumer that is gone."""
+    inbox = _Inbox(asyncio.get_running_loop())
+    before = time.monotonic()
+    inbox.put(delivery(1, consumer=1))  # a cancelled consumer's, still in the inbox
+    for tag in range(2, 6):
+        inbox.put(delivery(tag, consumer=2))
+    after = time.monotonic()
+    arrivals = [d.arrived for d in inbox._items]
+    assert before <= arrivals[0] and arrivals == sorted(arrivals) and arrivals[-1] <= after
+    assert inbox.first_arrived(2) == arrivals[1]  # consumer 1's delivery is dropped
+    assert [d.tag for d in inbox.take(2, 2)] == [2, 3]
+    assert inbox.first_arrived(2) == arrivals[3]
+    assert inbox.arrived_at == arrivals[-1]

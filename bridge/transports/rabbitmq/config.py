@@ -44,8 +44,9 @@ CONFIRM_TIMEOUT = 120.0
 BLOCKED_TIMEOUT = 60.0
 #: A receive stops gathering once no delivery has arrived for this many seconds.
 DELIVERY_PAUSE = 0.025
-#: A receive hands over what it has at most this many seconds after its first delivery, so a
-#: steady trickle (1,000 msg/s fills a batch of 100 in 100 ms) does not wait for a full batch.
+#: A receive hands over what it has at most this many seconds after its first delivery arrived
+#: (from the broker, not when the receive began), so a steady trickle (1,000 msg/s fills a
+#: batch of 100 in 100 ms) does not wait for a full batch.
 GATHER_LIMIT = 0.02
 
 

@@ -5,7 +5,10 @@ Guarantees
     `basic.qos` prefetch = max(`prefetch`, the first `max_messages`), at most AMQP's 65535.
     `receive_batch` waits up to `timeout` for the first delivery, then keeps gathering until
     it has `max_messages`, no delivery arrived for `DELIVERY_PAUSE` seconds, or `GATHER_LIMIT`
-    seconds passed since the first (deliveries already prefetched are taken at once). `commit()`
+    seconds passed since the first of them arrived (deliveries already prefetched are taken at
+    once; those that arrived while the batch before was being sent have waited already, so at
+    a steady rate a batch goes every `GATHER_LIMIT` or every send, whichever is longer, not
+    every send plus `GATHER_LIMIT`). `commit()`
     acknowledges the batch (`basic.ack` of its last delivery tag, `multiple=True`); the runner
     calls it only after the destination made the messages durable. `abort()` (or leaving the
     block) cancels the consumer and, once the broker confirmed the cancel (no delivery is on
@@ -93,6 +96,7 @@ class Delivery:
     tag: int
     properties: pika.BasicProperties
     body: bytes
+    arrived: float = 0.0  # time.monotonic() when the ioloop thread put it in the inbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +127,9 @@ class _Inbox:
         """On the ioloop thread: queue one delivery; wake the event loop when a receive waits
         for as many as there are now (those of an earlier consumer count too: it recounts)."""
         items = self._items
+        delivery.arrived = now = time.monotonic()  # before it can be seen in `items`
         items.append(delivery)
-        self.arrived_at = time.monotonic()
+        self.arrived_at = now
         if len(items) < self._wanted:
             return
         with self._lock:
@@ -163,6 +168,11 @@ class _Inbox:
             finally:
                 self._wanted = _NOBODY_WAITS
         return True
+
+    def first_arrived(self, consumer: int) -> float:
+        """When the oldest delivery of `consumer` waiting arrived (there is one)."""
+        self.count(consumer)
+        return self._items[0].arrived
 
     def take(self, consumer: int, limit: int) -> list[Delivery]:
         self.count(consumer)
@@ -204,11 +214,11 @@ class RabbitMQSource:
         number = consumer.number
         if not await inbox.wait_for(number, 1, timeout):
             return Batch()
-        loop = asyncio.get_running_loop()
-        handover = loop.time() + GATHER_LIMIT
+        # Counted from the oldest delivery's arrival, not from this call: deliveries that came
+        # in while the batch before was being sent have waited already.
+        handover = inbox.first_arrived(number) + GATHER_LIMIT
         while inbox.count(number) < max_messages:
-            quiet = inbox.arrived_at + DELIVERY_PAUSE - time.monotonic()
-            gather = min(quiet, handover - loop.time())
+            gather = min(inbox.arrived_at + DELIVERY_PAUSE, handover) - time.monotonic()
             if gather <= 0:
                 break
             await inbox.wait_for(number, max_messages, gather)
