@@ -70,6 +70,8 @@ class Place:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        #: when (time.time()) each latency `timed` returned was taken, in the same order
+        self.arrivals: list[float] = []
 
     def connection_yaml(self) -> str:
         raise NotImplementedError
@@ -97,7 +99,8 @@ class Place:
 
     async def timed(self, expected: int, since: float, first: int, timeout: float) -> list[float]:
         """Consume until `expected` messages written after `since`, numbered `first` or later by
-        `paced`, arrived; their latencies (the earlier ones are a warm-up)."""
+        `paced`, arrived; their latencies (the earlier ones are a warm-up), and when each arrived
+        in `arrivals`."""
         raise NotImplementedError
 
 
@@ -333,6 +336,7 @@ class SqlPlace(Place):
                         written = float(headers[WRITTEN_AT])
                         if written >= since and int(headers[NUMBER]) >= first:
                             latencies.append(now - written)
+                            self.arrivals.append(now)
                     if not rows:
                         time.sleep(POLL)
                 return latencies
@@ -578,6 +582,7 @@ class KafkaPlace(Place):
                     written = float(headers[WRITTEN_AT])
                     if written >= since and int(headers[NUMBER]) >= first:
                         latencies.append(now - written)
+                        self.arrivals.append(now)
         return latencies
 
 
@@ -730,7 +735,9 @@ class RabbitPlace(Place):
                     if method is not None:
                         written = float(props.headers[WRITTEN_AT])
                         if written >= since and int(props.headers[NUMBER]) >= first:
-                            latencies.append(time.time() - written)
+                            now = time.time()
+                            latencies.append(now - written)
+                            self.arrivals.append(now)
                     if len(latencies) >= expected or time.monotonic() > deadline:
                         break
                 channel.cancel()

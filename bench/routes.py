@@ -401,7 +401,7 @@ class Bench:
         result.p99_ms = percentile(latencies, 99) * 1000
         if self.args.latency_trace:
             name = f"{result.route}-{result.db}-w{result.workers}.txt"
-            write_latencies(Path(self.args.latency_trace) / name, latencies)
+            write_latencies(Path(self.args.latency_trace) / name, latencies, destination.arrivals)
 
     # baseline ----------------------------------------------------------------------------------
 
@@ -460,10 +460,12 @@ class Bench:
                 )
 
 
-def write_latencies(path: Path, latencies: list[float]) -> None:
-    """One latency (ms) a line, in the order the messages arrived (--latency-trace)."""
+def write_latencies(path: Path, latencies: list[float], arrivals: list[float]) -> None:
+    """A message a line, in the order they arrived (--latency-trace): its latency (ms), and
+    when it arrived (Unix time, to set beside the database's and broker's logs)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{value * 1000:.2f}\n" for value in latencies))
+    lines = (f"{v * 1000:.2f} {at:.4f}\n" for v, at in zip(latencies, arrivals, strict=True))
+    path.write_text("".join(lines))
 
 
 async def drop_tables(*places: Place) -> None:
