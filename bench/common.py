@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 __all__ = [
     "PG_DSN",
@@ -215,18 +215,15 @@ def machine_busy() -> CpuTimes:
     return CpuTimes(total - idle - stolen, stolen, total)
 
 
-class BusySampler:
-    """Samples `machine_busy` every `every` seconds on a thread, so the share of the machine's
-    CPUs that was busy (or stolen) in any window of `time.perf_counter()` can be read
-    afterwards."""
+class _Sampler:
+    """Runs `_sample` every `every` seconds on a thread while entered, once more on exit."""
 
-    def __init__(self, every: float = 0.05) -> None:
+    def __init__(self, every: float, name: str) -> None:
         self._every = every
-        self._samples: list[tuple[float, CpuTimes]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> BusySampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -236,10 +233,26 @@ class BusySampler:
 
     def _run(self) -> None:
         while True:
-            self._samples.append((time.perf_counter(), machine_busy()))
+            self._sample()
             if self._stop.wait(self._every):
-                self._samples.append((time.perf_counter(), machine_busy()))
+                self._sample()
                 return
+
+    def _sample(self) -> None:
+        raise NotImplementedError
+
+
+class BusySampler(_Sampler):
+    """Samples `machine_busy` every `every` seconds on a thread, so the share of the machine's
+    CPUs that was busy (or stolen) in any window of `time.perf_counter()` can be read
+    afterwards."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        super().__init__(every, "busy-sampler")
+        self._samples: list[tuple[float, CpuTimes]] = []
+
+    def _sample(self) -> None:
+        self._samples.append((time.perf_counter(), machine_busy()))
 
     def shares(self, start: float, end: float) -> tuple[float, float]:
         """(busy, stolen) shares between the last sample at or before `start` and the first at
@@ -250,32 +263,22 @@ class BusySampler:
         return after[0][1].since(before[-1][1])
 
 
-class ProcessCpuSampler:
+class ProcessCpuSampler(_Sampler):
     """A process's CPU use, one share of one core for each `every` seconds, sampled on a thread
     from the moment it is entered (the local Kafka broker's, whose fetches cost more the more
     record batches a topic holds: see docs/benchmarks.md, "Tenth session")."""
 
     def __init__(self, pid: int, every: float = 1.0) -> None:
+        super().__init__(every, "cpu-sampler")
         self._pid = pid
-        self._every = every
+        self._last: tuple[float, float] | None = None  # (CPU seconds, time.perf_counter())
         self.shares: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
-    def __enter__(self) -> ProcessCpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        last, at = cpu_seconds(self._pid), time.perf_counter()
-        while not self._stop.wait(self._every):
-            now, when = cpu_seconds(self._pid), time.perf_counter()
-            self.shares.append((now - last) / (when - at))
-            last, at = now, when
+    def _sample(self) -> None:
+        cpu, at = cpu_seconds(self._pid), time.perf_counter()
+        if self._last is not None and at - self._last[1] >= self._every / 2:  # not a last sliver
+            self.shares.append((cpu - self._last[0]) / (at - self._last[1]))
+        self._last = (cpu, at)
 
 
 class BridgeProcess:
