@@ -194,8 +194,8 @@ class Bench:
         next ones: a queue table's 100,000 deleted rows and their autovacuum, a Kafka
         destination's reader (it fetches every 5 ms until stopped, and the local broker's
         fetches cost more the more record batches a topic holds: left running, the readers of
-        the SQL -> Kafka routes took 20-45 % of a core of tansu, and more of the bench's,
-        through every route after them), the messages of a topic or queue."""
+        the SQL -> Kafka routes kept tansu at 17-28 % of a core, and the bench busier, through
+        every route after them), the messages of a topic or queue."""
         for place in places:
             if place in self.places:
                 self.places.remove(place)
