@@ -303,8 +303,12 @@ async def test_order_is_kept_within_a_key(setup: Setup) -> None:
 
 
 async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: Setup) -> None:
-    """Both bridges are ready before the first message is written, and the messages arrive in
-    20 writes over two seconds, 2 a batch. Each bridge stamps what it forwards (a header rule).
+    """Both bridges are ready before the messages are written, all 1,000 at once, 1 a batch:
+    one bridge alone needs a thousand transactions and a thousand Kafka acknowledgements for
+    them, longer than the other's longest idle poll interval (1 s), so the other finds rows
+    when it polls. (Written in 20 parts over 2 s, 2 a batch, CI once saw 1000/0 on
+    PostgreSQL: the other bridge's one or two polls came while the first held the few rows
+    left.) Each bridge stamps what it forwards (a header rule).
     On PostgreSQL (`SKIP LOCKED`) both take rows, and the test requires it. SQLite has one
     writer at a time: a receive holds the file's write lock until its batch is committed, the
     bridge that has it takes it again at once while the other sleeps in SQLite's busy handler,
@@ -319,7 +323,7 @@ async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: 
     ports = [free_port(), free_port()]
     for name, path, port, topic in zip("ab", configs, ports, topics, strict=True):
         setup.configure(
-            batch_size=2,
+            batch_size=1,
             to_kafka=f"headers: {{set: {{Bridge: {name}}}}}",
             path=path,
             topic=topic,
@@ -336,9 +340,7 @@ async def test_two_bridges_on_one_queue_table_never_forward_the_same_row(setup: 
     try:
         for port in ports:
             await asyncio.to_thread(wait_for, lambda port=port: get(port, "/readyz")[0] == 200)
-        for start in range(0, 1000, 50):
-            await setup.send_sql(50, start)
-            await asyncio.sleep(0.1)
+        await setup.send_sql(1000)
         for process in runs:
             _, err = await asyncio.to_thread(process.communicate, timeout=120)
             assert process.returncode == 0, err
