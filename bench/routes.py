@@ -205,12 +205,8 @@ class Bench:
                 print(f"dropping {place.address}: {exc}", file=sys.stderr)
 
     async def cleanup(self) -> None:
-        for place in self.places:
-            try:
-                if not isinstance(place, SqlPlace):
-                    await place.drop()
-            except Exception as exc:  # cleanup goes on past one failure
-                print(f"cleanup of {place.address}: {exc}", file=sys.stderr)
+        # The tables go with the schema below (SQLite's with the work directory).
+        await self.drop(*(place for place in self.places if not isinstance(place, SqlPlace)))
         with psycopg.connect(self.args.dsn, autocommit=True) as db:
             db.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
 
@@ -772,7 +768,7 @@ def main() -> int:
     parser.add_argument(
         "--latency-trace",
         metavar="DIR",
-        help="write each route's latencies (ms, in the order they arrived) to DIR/*.txt",
+        help="write each route's latencies (ms) and arrival times, in order, to DIR/*.txt",
     )
     parser.add_argument("--profile-idle", action="store_true", help="py-spy: idle stacks too")
     parser.add_argument(
