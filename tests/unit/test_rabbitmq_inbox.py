@@ -81,4 +81,4 @@ async def test_first_arrived_is_the_oldest_waiting_delivery_of_the_consumer() ->
     assert inbox.first_arrived(2) == arrivals[1]  # consumer 1's delivery is dropped
     assert [d.tag for d in inbox.take(2, 2)] == [2, 3]
     assert inbox.first_arrived(2) == arrivals[3]
-    assert inbox.arrived_at == arrivals[-1]
+    assert inbox.last_arrived() == arrivals[-1]

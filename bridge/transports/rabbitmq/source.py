@@ -120,16 +120,14 @@ class _Inbox:
         self._lock = threading.Lock()
         self._wake_pending = False
         self._wanted = _NOBODY_WAITS  # deliveries the waiting receive needs before it wakes
-        self.arrived_at = 0.0  # time.monotonic() of the last delivery
         self.cancelled: set[str] = set()  # consumer tags the broker cancelled
 
     def put(self, delivery: Delivery) -> None:
         """On the ioloop thread: queue one delivery; wake the event loop when a receive waits
         for as many as there are now (those of an earlier consumer count too: it recounts)."""
         items = self._items
-        delivery.arrived = now = time.monotonic()  # before it can be seen in `items`
+        delivery.arrived = time.monotonic()  # before it can be seen in `items`
         items.append(delivery)
-        self.arrived_at = now
         if len(items) < self._wanted:
             return
         with self._lock:
@@ -173,6 +171,10 @@ class _Inbox:
         """When the oldest delivery of `consumer` waiting arrived (there is one)."""
         self.count(consumer)
         return self._items[0].arrived
+
+    def last_arrived(self) -> float:
+        """When the newest delivery waiting arrived (there is one)."""
+        return self._items[-1].arrived
 
     def take(self, consumer: int, limit: int) -> list[Delivery]:
         self.count(consumer)
@@ -218,7 +220,7 @@ class RabbitMQSource:
         # in while the batch before was being sent have waited already.
         handover = inbox.first_arrived(number) + GATHER_LIMIT
         while inbox.count(number) < max_messages:
-            gather = min(inbox.arrived_at + DELIVERY_PAUSE, handover) - time.monotonic()
+            gather = min(inbox.last_arrived() + DELIVERY_PAUSE, handover) - time.monotonic()
             if gather <= 0:
                 break
             await inbox.wait_for(number, max_messages, gather)
