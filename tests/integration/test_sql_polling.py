@@ -1,4 +1,5 @@
-"""How often a SQL source polls its table, counted on real SQLite by the transactions it opens."""
+"""How often a SQL source polls its table, counted on real SQLite and PostgreSQL by the
+transactions it opens."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config.models import SqliteConnection
+from bridge.config.models import PostgresConnection, SqliteConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports.sql import queue as queue_module
 from bridge.transports.sql.dialect import DbConnection
+from bridge.transports.sql.postgresql import PostgresDialect
 from bridge.transports.sql.queue import SqlSink, SqlSource, SqlTransport
 from bridge.transports.sql.sqlite import SqliteDialect
 
@@ -24,6 +26,32 @@ class CountingDialect(SqliteDialect):
     def begin(self, db: DbConnection) -> None:
         self.polls += 1
         super().begin(db)
+
+
+class CountingPostgres(PostgresDialect):
+    """PostgreSQL, counting the transactions a source or sink begins."""
+
+    polls = 0
+
+    def begin(self, db: DbConnection) -> None:
+        self.polls += 1
+        super().begin(db)
+
+
+def counting_dialect(
+    kind: str, request: pytest.FixtureRequest
+) -> CountingDialect | CountingPostgres:
+    if kind == "sqlite":
+        path = str(request.getfixturevalue("tmp_path") / "q.db")
+        return CountingDialect("db", SqliteConnection(type="sqlite", path=path))
+    config = PostgresConnection.model_validate(
+        {
+            "type": "postgresql",
+            "dsn": request.getfixturevalue("pg_dsn"),
+            "schema": request.getfixturevalue("pg_schema"),
+        }
+    )
+    return CountingPostgres("db", config)
 
 
 async def test_an_idle_source_polls_less_and_less_and_a_busy_one_at_once(tmp_path: Path) -> None:
@@ -55,13 +83,15 @@ async def test_an_idle_source_polls_less_and_less_and_a_busy_one_at_once(tmp_pat
         await transport.close()
 
 
-async def test_a_sqlite_source_that_caught_up_leaves_the_write_lock_free_before_polling_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_a_source_that_caught_up_waits_before_polling_again(
+    kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch that was not full: the next poll waits MIN_POLL (here 2 s, to see it), so the
-    lock is free for writers in between; a full batch: polled again at once."""
+    """A batch that was not full: the next poll waits MIN_POLL (here 2 s, to see it), so what
+    comes in meanwhile is taken in one batch (and on SQLite, the lock is free for writers in
+    between); a full batch: polled again at once."""
     monkeypatch.setattr(queue_module, "MIN_POLL", 2.0)
-    dialect = CountingDialect("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    dialect = counting_dialect(kind, request)
     transport = SqlTransport("db", dialect)
     await transport.install(["Q"])
     source, sink = SqlSource(dialect, "Q"), SqlSink(dialect, "Q")
@@ -74,16 +104,17 @@ async def test_a_sqlite_source_that_caught_up_leaves_the_write_lock_free_before_
         partial = await source.receive_batch(2, 5.0)  # a full batch before: polled at once
         assert (len(partial.messages), dialect.polls) == (1, before + 1)
         await partial.commit()
-        await sink.send(message)  # the lock was free: the writer got in
-        before = dialect.polls  # the sink's transaction counted too
-        assert not len(await source.receive_batch(2, 0.0))  # not due yet: no poll
+        await sink.send(message)  # on SQLite, the lock was free: the writer got in
+        await sink.send(message)
+        before = dialect.polls  # the sink's transactions counted too
+        assert not len(await source.receive_batch(3, 0.0))  # not due yet: no poll
         assert dialect.polls == before
-        last = await source.receive_batch(2, 5.0)
-        assert len(last.messages) == 1
+        last = await source.receive_batch(3, 5.0)  # both writes in one batch, one poll
+        assert len(last.messages) == 2
         assert dialect.polls == before + 1
         await last.abort()  # its row is back: the source is not caught up, polls at once
-        again = await source.receive_batch(2, 0.0)
-        assert len(again.messages) == 1
+        again = await source.receive_batch(3, 0.0)
+        assert len(again.messages) == 2
         await again.commit()
     finally:
         await source.close()
