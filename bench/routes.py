@@ -30,7 +30,8 @@ routes
     printed). Latency: with the bridge still running, a paced producer writes `--rate` msg/s
     into the source for `--latency-seconds`, each message stamped at its write (NServiceBus
     .TimeSent and Bench.WrittenAt), and a consumer of the destination takes each one when it is
-    readable there: p50/p99 of (read - write).
+    readable there: p50/p99 of (read - write), and the messages a batch the bridge forwarded
+    meanwhile (from its /metrics).
 
 It prints the machine, a table of the legs (with the share of the machine's CPUs busy while
 each ran, and so the machine CPU time one message of it takes, and the share the hypervisor
@@ -56,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,7 +88,7 @@ from places import (
 
 from bridge import allocator
 from bridge.config.models import Route
-from bridge.devbroker import LocalKafka
+from bridge.devbroker import LocalKafka, free_port
 from bridge.envelope import Envelope, Headers
 from bridge.transports.kafka.headers import to_record
 from bridge.transports.rabbitmq.headers import to_amqp
@@ -116,6 +118,8 @@ class RouteResult:
     broker_cpu_last: float = float("nan")
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
+    #: messages a batch the bridge forwarded in the latency phase (its `bridge_batch_size`)
+    latency_batch: float = float("nan")
     offered: float = float("nan")
     raw_leg: str = ""
     raw_rate: float = float("nan")
@@ -132,6 +136,21 @@ class Bridges:
     competing consumers of one SQL table or RabbitMQ queue, members of one Kafka group."""
 
     processes: list[BridgeProcess]
+    ports: list[int]  # each one's /metrics
+
+    def batches(self) -> tuple[float, float]:
+        """(batches, messages) the bridges forwarded so far, from their `bridge_batch_size`
+        histograms (every worker's, as the primary's /metrics merges them)."""
+        count = total = 0.0
+        for port in self.ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+                for line in page.read().decode().splitlines():
+                    name, _, value = line.rpartition(" ")
+                    if name.startswith("bridge_batch_size_count"):
+                        count += float(value)
+                    elif name.startswith("bridge_batch_size_sum"):
+                        total += float(value)
+        return count, total
 
     def start(self) -> None:
         for process in self.processes:
@@ -302,7 +321,16 @@ class Bench:
         homes = [self.workdir / f"{route}-{db}-w{workers}-{i}" for i in range(self.args.processes)]
         for home in homes:
             home.mkdir()
-        bridge = Bridges([BridgeProcess(config, "bench", home, workers) for home in homes])
+        ports = [free_port() for _ in homes]
+        bridge = Bridges(
+            [
+                BridgeProcess(
+                    f"{config}http: {{host: 127.0.0.1, port: {port}}}\n", "bench", home, workers
+                )
+                for home, port in zip(homes, ports, strict=True)
+            ],
+            ports,
+        )
         bridge.start()
         profiler = self.profiler(bridge.processes[0], f"{route}-{db}-w{workers}")
         try:
@@ -314,7 +342,7 @@ class Bench:
             result.rate, result.cpu_us = rate, cpu / n * 1e6
             await self.verify(result, destination, n)
             if self.args.latency_seconds > 0:
-                await self.latency(result, source, destination)
+                await self.latency(result, source, destination, bridge)
         except Exception as exc:
             result.notes.append(f"failed: {exc}")
             print(bridge.tail(), file=sys.stderr)
@@ -384,13 +412,16 @@ class Bench:
         result.duplicates, result.missing = max(0, count - n), max(0, n - count)
         await destination.clear()
 
-    async def latency(self, result: RouteResult, source: Place, destination: Place) -> None:
+    async def latency(
+        self, result: RouteResult, source: Place, destination: Place, bridge: Bridges
+    ) -> None:
         rate, seconds = self.args.rate, self.args.latency_seconds
         warm = int(rate * WARM_UP)  # the first second wakes a source out of its idle backoff
         expected = int(rate * seconds)
         since = time.time()
         reader = asyncio.create_task(destination.timed(expected, since, warm, seconds + 30))
         await asyncio.sleep(0.5)  # the consumer is attached before the first write
+        batches = await asyncio.to_thread(bridge.batches)
         started, cpu = time.monotonic(), machine_busy()
         with contextlib.ExitStack() as stack:
             broker = None
@@ -403,6 +434,9 @@ class Bench:
                 result.broker_cpu_last = broker.shares[-1]
         latencies = await reader
         result.latency_stolen = machine_busy().since(cpu)[1]
+        count, total = await asyncio.to_thread(bridge.batches)
+        count, total = count - batches[0], total - batches[1]
+        result.latency_batch = total / count if count else float("nan")
         if len(latencies) < sent - warm:
             note = f"latency: {len(latencies)} of {sent - warm} arrived"
             if isinstance(source, SqlPlace | RabbitPlace):  # still there, or gone?
@@ -611,6 +645,7 @@ HEAD = (
     "CPU stolen (run / latency)",
     "p50 ms",
     "p99 ms",
+    "msgs a batch (latency)",
     "tansu CPU (latency, 1st / last s)",
     "slower raw leg",
     "leg msgs/s",
@@ -634,6 +669,7 @@ def rows_of(results: list[RouteResult]) -> list[list[object]]:
             f"{r.stolen:.0%} / {r.latency_stolen:.0%}",
             r.p50_ms,
             r.p99_ms,
+            r.latency_batch,
             _broker_cpu(r),
             r.raw_leg,
             r.raw_rate,
@@ -720,6 +756,7 @@ def combine(paths: list[str]) -> None:
             "broker_cpu_last",
             "p50_ms",
             "p99_ms",
+            "latency_batch",
             "offered",
             "raw_rate",
             "baseline",
