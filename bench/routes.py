@@ -393,7 +393,9 @@ class Bench:
                 done0, t0, cpu0, busy0 = done, now, bridge.cpu(), machine_busy()
             if done >= n:
                 shares = machine_busy().since(busy0)
-                return (n - done0) / (now - t0), bridge.cpu() - cpu0, shares
+                # A backlog small enough to arrive within one look has no rate to show.
+                rate = (n - done0) / (now - t0) if done0 < n else float("nan")
+                return rate, bridge.cpu() - cpu0, shares
             if now > deadline or not bridge.alive():
                 raise RuntimeError(f"{done} of {n} through after {self.args.timeout} s")
             time.sleep(0.02)
