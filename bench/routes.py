@@ -85,6 +85,7 @@ from places import (
     SqlPlace,
     make_messages,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from bridge import allocator
 from bridge.config.models import Route
@@ -141,16 +142,14 @@ class Bridges:
     def batches(self) -> tuple[float, float]:
         """(batches, messages) the bridges forwarded so far, from their `bridge_batch_size`
         histograms (every worker's, as the primary's /metrics merges them)."""
-        count = total = 0.0
+        sums = {"bridge_batch_size_count": 0.0, "bridge_batch_size_sum": 0.0}
         for port in self.ports:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-                for line in page.read().decode().splitlines():
-                    name, _, value = line.rpartition(" ")
-                    if name.startswith("bridge_batch_size_count"):
-                        count += float(value)
-                    elif name.startswith("bridge_batch_size_sum"):
-                        total += float(value)
-        return count, total
+                for family in text_string_to_metric_families(page.read().decode()):
+                    for sample in family.samples:
+                        if sample.name in sums:
+                            sums[sample.name] += sample.value
+        return sums["bridge_batch_size_count"], sums["bridge_batch_size_sum"]
 
     def start(self) -> None:
         for process in self.processes:
