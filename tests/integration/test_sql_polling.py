@@ -10,7 +10,7 @@ import pytest
 from bridge.config.models import PostgresConnection, SqliteConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports.sql import queue as queue_module
-from bridge.transports.sql.dialect import DbConnection
+from bridge.transports.sql.dialect import DbConnection, Dialect
 from bridge.transports.sql.postgresql import PostgresDialect
 from bridge.transports.sql.queue import SqlSink, SqlSource, SqlTransport
 from bridge.transports.sql.sqlite import SqliteDialect
@@ -18,8 +18,8 @@ from bridge.transports.sql.sqlite import SqliteDialect
 pytestmark = pytest.mark.integration
 
 
-class CountingDialect(SqliteDialect):
-    """SQLite, counting the transactions opened: every poll of a source opens one."""
+class Counting(Dialect):
+    """Counts the transactions begun: every poll of a source begins one (a sink's write too)."""
 
     polls = 0
 
@@ -28,19 +28,15 @@ class CountingDialect(SqliteDialect):
         super().begin(db)
 
 
-class CountingPostgres(PostgresDialect):
-    """PostgreSQL, counting the transactions a source or sink begins."""
-
-    polls = 0
-
-    def begin(self, db: DbConnection) -> None:
-        self.polls += 1
-        super().begin(db)
+class CountingDialect(Counting, SqliteDialect):
+    """SQLite, counting the transactions begun."""
 
 
-def counting_dialect(
-    kind: str, request: pytest.FixtureRequest
-) -> CountingDialect | CountingPostgres:
+class CountingPostgres(Counting, PostgresDialect):
+    """PostgreSQL, counting the transactions begun."""
+
+
+def counting_dialect(kind: str, request: pytest.FixtureRequest) -> Counting:
     if kind == "sqlite":
         path = str(request.getfixturevalue("tmp_path") / "q.db")
         return CountingDialect("db", SqliteConnection(type="sqlite", path=path))
