@@ -27,9 +27,9 @@ import time
 from common import ProcessCpuSampler, body_of, headers_of, percentile, print_table, unique
 from places import KafkaPlace
 
-from bridge.devbroker import LocalKafka
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
+from tests.support.localkafka import LocalKafka
 
 PARTITIONS = 6
 

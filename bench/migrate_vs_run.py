@@ -32,7 +32,7 @@ from pathlib import Path
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bridge.devbroker import LocalKafka
+from tests.support.localkafka import LocalKafka
 
 DSN = os.environ.get("BRIDGE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IDLE = 2.0

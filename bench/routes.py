@@ -15,7 +15,7 @@ raw legs
     Kafka producer (one closed record batch per partition, acks=all), Kafka consumer (a group
     member committing each batch), RabbitMQ publisher-confirm window, RabbitMQ consume (prefetch,
     one multiple-ack per batch). This process sets the C allocator's thresholds as `bridge run`
-    does (bridge/allocator.py), so a leg's large buffers cost what the route's do.
+    does (bridge/service/tuning.py), so a leg's large buffers cost what the route's do.
 baseline
     one message per transaction, as the NServiceBus transports and the Messaging Bridge move
     messages: receive one row (or record, or delivery) in its transaction, send one message and
@@ -87,12 +87,12 @@ from places import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge import allocator
 from bridge.config.models import Route
-from bridge.devbroker import LocalKafka, free_port
 from bridge.envelope import Envelope, Headers
+from bridge.service import tuning
 from bridge.transports.kafka.headers import to_record
 from bridge.transports.rabbitmq.headers import to_amqp
+from tests.support.localkafka import LocalKafka, free_port
 
 ROUTES = ("sql-kafka", "kafka-sql", "sql-rabbitmq", "rabbitmq-sql")
 CORES = os.cpu_count() or 1
@@ -822,7 +822,7 @@ def main() -> int:
     if args.combine:
         combine(args.combine)
         return 0
-    allocator.tune()  # the raw legs run with the allocator settings `bridge run` has
+    tuning.tune_allocator()  # the raw legs run with the allocator settings `bridge run` has
     args.routes = [r for r in args.routes.split(",") if r]
     args.db = [d for d in args.db.split(",") if d]
     args.workers = [int(w) for w in args.workers.split(",") if w]

@@ -19,9 +19,9 @@ import sys
 from common import unique
 from places import KafkaPlace
 
-from bridge.devbroker import LocalKafka
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
+from tests.support.localkafka import LocalKafka
 
 
 async def write(place: KafkaPlace, name: str, batches: int, messages: int) -> int:

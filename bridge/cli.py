@@ -8,29 +8,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import os
-import socket
 import sys
-import time
-import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bridge import __version__, allocator
+from bridge import __version__
 from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig
-from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import BridgeError, ConfigError
+from bridge.nservicebus.messages import endpoint_message
+from bridge.nservicebus.wireformat import parse_timespan
 from bridge.protocols import Transport
+from bridge.service.tuning import tune_process
 from bridge.telemetry.logs import setup_logging
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
-from bridge.wireformat import format_timespan, format_timestamp, parse_timespan
 
 __all__ = ["main"]
 
@@ -229,33 +225,6 @@ def _read_body(spec: str) -> bytes:
     return spec.encode("utf-8")
 
 
-def endpoint_message(
-    body: bytes, extra: Sequence[tuple[str, str]] = (), ttl: str | None = None
-) -> Envelope:
-    """A message with the headers an NServiceBus endpoint writes on a plain Send."""
-    message_id = str(uuid.uuid4())
-    headers = Headers(
-        [
-            (MESSAGE_ID, message_id),
-            ("NServiceBus.MessageIntent", "Send"),
-            ("NServiceBus.ConversationId", str(uuid.uuid4())),
-            ("NServiceBus.CorrelationId", message_id),
-            ("NServiceBus.OriginatingEndpoint", "bridge"),
-            ("NServiceBus.OriginatingMachine", socket.gethostname()),
-            ("NServiceBus.ContentType", "application/json"),
-            ("NServiceBus.TimeSent", format_timestamp(datetime.now(UTC))),
-        ]
-    )
-    expires_at = None
-    if ttl is not None:
-        span = parse_timespan(ttl)
-        headers.set(TIME_TO_BE_RECEIVED, format_timespan(span))
-        expires_at = time.time() + span.total_seconds()
-    for name, value in extra:
-        headers.set(name, value)
-    return Envelope(headers, body, expires_at=expires_at)
-
-
 async def _send(args: argparse.Namespace) -> int:
     config = _load(args).config
     if args.count < 1:
@@ -309,7 +278,7 @@ async def _peek(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from bridge.routing.supervisor import Supervisor
+    from bridge.service.supervisor import Supervisor
     from bridge.telemetry.tracing import setup_tracing
 
     config = _load(args).config
@@ -321,7 +290,7 @@ async def _run(args: argparse.Namespace) -> int:
     link = None
     if args.worker_fd is not None:
         from bridge.config.models import HttpConfig
-        from bridge.routing.workers import WorkerLink
+        from bridge.service.workers import WorkerLink
 
         link = WorkerLink(args.worker_fd)
         if config.http is not None:  # the primary serves the port; this worker, one of its own
@@ -331,35 +300,13 @@ async def _run(args: argparse.Namespace) -> int:
     supervisor = Supervisor(
         config, routes=args.route or None, until_idle=args.until_idle, link=link
     )
-    tune_gc()
-    allocator.tune()  # a batch's large buffers stay in the heap for the next (see its doc)
+    tune_process()
     return await supervisor.run()
-
-
-#: Allocations (net of frees) between two young-generation collections; CPython's default is 700.
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def tune_gc() -> None:
-    """Make the cyclic garbage collector cheap for a process that moves messages.
-
-    A batch of 500 messages holds some 20,000 small containers (header pairs, envelopes,
-    records) for a few milliseconds. At CPython's default a young collection runs every 700
-    of them and each one walks everything still alive, which cost 30-40 % of the CPU of decoding
-    and encoding messages. Nearly all of them are freed by reference counting, not by the
-    collector, so collecting less often costs little memory. Everything alive now (modules,
-    configuration) will live as long as the process: `gc.freeze` takes it out of every
-    collection.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 async def _primary(args: argparse.Namespace, config: BridgeConfig) -> int:
     """`bridge run --workers N`: start N workers with this command's own flags, keep them up."""
-    from bridge.routing.workers import Workers
+    from bridge.service.workers import Workers
 
     worker_args = [
         "-c",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.devbroker import LocalKafka
+from tests.support.localkafka import LocalKafka
 
 PG_DSN = os.environ.get("BRIDGE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RABBITMQ_URL = os.environ.get("BRIDGE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")

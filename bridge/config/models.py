@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
+
 __all__ = [
     "BridgeConfig",
     "ConnectionConfig",
@@ -185,7 +187,7 @@ class Route(Strict):
 
     @property
     def error_queue_name(self) -> str:
-        return self.error_queue or "bridge.error"
+        return self.error_queue or DEFAULT_ERROR_QUEUE
 
 
 class BridgeConfig(Strict):

@@ -32,11 +32,11 @@ from bridge.errors import ConfigError, HeadersFormatError
 from bridge.migrate.ranges import split
 from bridge.migrate.session import check_master, spark_session
 from bridge.migrate.spec import ShippedConfig
+from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.transports import load
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.layout import ScannedRow
 from bridge.transports.sql.queue import SqlTransport
-from bridge.wireformat import timestamp_seconds
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -51,7 +51,7 @@ from bridge.envelope import Envelope
 from bridge.errors import MessageRejected, MessagesRejected
 from bridge.protocols import ReceivedBatch, Sink, Source
 from bridge.routing.retry import Backoff
-from bridge.routing.translate import Translator
+from bridge.routing.rules import Translator
 from bridge.telemetry.metrics import Metrics, RouteMetrics
 from bridge.telemetry.tracing import RouteTracing
 

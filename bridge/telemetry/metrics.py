@@ -29,7 +29,7 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
 from bridge.envelope import Envelope
-from bridge.wireformat import timestamp_seconds
+from bridge.nservicebus.wireformat import timestamp_seconds
 
 __all__ = ["Metrics", "RouteMetrics"]
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bridge.batch import Batch, Rejected
-from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
+from bridge.nservicebus.deadletter import error_copy
 from bridge.protocols import Checkpoint, CheckpointStore
 
 __all__ = ["Broker", "MemoryStats", "Transport"]

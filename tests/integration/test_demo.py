@@ -13,7 +13,8 @@ pytestmark = pytest.mark.integration
 
 def test_the_demo_moves_every_message_unchanged(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "bridge.demo", "--count", "500", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "examples.demo", "--count", "500", "--workdir", str(tmp_path)],
+        cwd=Path(__file__).parents[2],
         capture_output=True,
         text=True,
         timeout=180,

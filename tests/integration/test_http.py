@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.devbroker import free_port
+from tests.support.localkafka import free_port
 
 pytestmark = pytest.mark.integration
 

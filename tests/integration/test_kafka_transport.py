@@ -21,13 +21,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from bridge.config.models import KafkaConnection
-from bridge.devbroker import free_port
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import ConfigError, MessageRejected, TransportError, TransportUnavailable
 from bridge.transports.kafka import KafkaSource, Transport
 from bridge.transports.kafka.config import consumer_kwargs
 from bridge.transports.kafka.headers import record_message_id
 from tests.conftest import unique
+from tests.support.localkafka import free_port
 
 pytestmark = pytest.mark.integration
 

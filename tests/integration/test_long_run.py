@@ -22,9 +22,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from bridge.devbroker import free_port
 from tests.conftest import unique
 from tests.faults import BridgeProcess
+from tests.support.localkafka import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

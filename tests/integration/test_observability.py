@@ -22,7 +22,7 @@ from bridge.config.models import BridgeConfig
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Sink, Source
 from bridge.routing.runner import RouteRunner
-from bridge.routing.supervisor import Supervisor
+from bridge.service.supervisor import Supervisor
 from bridge.telemetry.tracing import RouteTracing
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport

@@ -24,7 +24,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from bridge.config.loader import load_config
 from bridge.config.models import KafkaConnection
-from bridge.devbroker import free_port
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import CheckpointStore, Sink, Source, Transport
 from bridge.transports import load
@@ -33,6 +32,7 @@ from bridge.transports.kafka.headers import record_message_id
 from bridge.transports.sql.queue import PositionMoved
 from tests.conftest import unique
 from tests.integration.test_http import get, wait_for
+from tests.support.localkafka import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,8 @@ from aiokafka import AIOKafkaConsumer
 
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.transports import load
-from bridge.wireformat import timestamp_seconds
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,6 @@ import psycopg
 import pytest
 
 from bridge.config.models import PostgresConnection, SqliteConnection
-from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers
 from bridge.errors import (
     ConfigError,
@@ -32,12 +31,13 @@ from bridge.errors import (
     TransportError,
     TransportUnavailable,
 )
+from bridge.nservicebus.deadletter import RAW_HEADERS
+from bridge.nservicebus.wireformat import format_timestamp, parse_timespan, timestamp_seconds
 from bridge.protocols import FencedCheckpoint
 from bridge.transports import load
 from bridge.transports.sql import queue as queue_module
 from bridge.transports.sql.dialect import scalar
 from bridge.transports.sql.queue import CheckpointConflict, PositionMoved, SqlTransport
-from bridge.wireformat import format_timestamp, parse_timespan, timestamp_seconds
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration

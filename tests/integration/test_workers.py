@@ -24,12 +24,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.config.loader import load_config
-from bridge.devbroker import free_port
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 from tests.conftest import PG_DSN, unique
 from tests.faults import report
 from tests.integration.test_http import SECRET, get, wait_for
+from tests.support.localkafka import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.transports.sql import headers as sql_headers
 
 REPLY_TO = '"public"."Replies"'

@@ -201,7 +201,7 @@ def test_spark_submit_runs_the_job_module(routes: Path, pg_dsn: str, pg_schema: 
 def test_the_runtime_never_imports_pyspark() -> None:
     modules = [
         "bridge.cli",
-        "bridge.routing.supervisor",
+        "bridge.service.supervisor",
         "bridge.transports.sql.sqlite",
         "bridge.transports.sql.postgresql",
         "bridge.transports.sql.sqlserver",

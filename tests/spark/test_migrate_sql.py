@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from bridge.config.loader import load_config
-from bridge.deadletter import RAW_HEADERS
 from bridge.migrate.driver import migrate
 from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
 from bridge.migrate.sqltask import move_range
+from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.protocols import Transport
 from bridge.transports import load
 from bridge.transports.sql.queue import SqlTransport

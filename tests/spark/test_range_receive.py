@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.config.models import PostgresConnection, SqliteConnection
-from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers
 from bridge.migrate.ranges import split
+from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.transports import load
 from bridge.transports.sql.queue import SqlTransport
 from tests.conftest import unique

@@ -21,10 +21,10 @@ import pytest
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.migrate.report import describe_row
+from bridge.nservicebus.wireformat import format_timestamp
 from bridge.transports import load
 from bridge.transports.sql.layout import ScannedRow
 from bridge.transports.sql.queue import SqlTransport
-from bridge.wireformat import format_timestamp
 from tests.spark.conftest import Cli, write_routes
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""bridge.allocator: the heap keeps what a batch's buffers freed once `tune()` ran (glibc).
+"""bridge.service.tuning: the heap keeps what a batch's buffers freed once `tune()` ran (glibc).
 
 Each case runs in a fresh interpreter, whose allocator nothing has tuned yet, and makes what
 aiokafka makes for one produce request: six buffers of about 800 KB held together (each join a
@@ -21,7 +21,7 @@ import pytest
 
 PROBE = """
 import ctypes, json, sys
-from bridge import allocator
+from bridge.service import tuning
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -40,9 +40,9 @@ def batch(size):
 
 batch(800_000)  # the first batch: glibc's dynamic thresholds move past 800 KB
 untuned = batch(800_000)
-tuned = allocator.tune() if sys.argv[1] == "tune" else None
+tuned = tuning.tune_allocator() if sys.argv[1] == "tune" else None
 print(json.dumps({"untuned": untuned, "tuned": tuned, "after": batch(800_000),
-                  "past_threshold": batch(allocator.MMAP_THRESHOLD + (1 << 20))[0]}))
+                  "past_threshold": batch(tuning.MMAP_THRESHOLD + (1 << 20))[0]}))
 """
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.nservicebus.wireformat import parse_timespan
 from bridge.transports.kafka.headers import (
     DEFAULT_KEY,
     RECORD_ID_NAMESPACE,
@@ -22,7 +23,6 @@ from bridge.transports.kafka.headers import (
     record_message_id,
     to_record,
 )
-from bridge.wireformat import parse_timespan
 
 NOW = 1_800_000_000.25
 

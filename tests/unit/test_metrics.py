@@ -11,8 +11,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
 from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.wireformat import format_timestamp
 from bridge.telemetry.metrics import LATENCY_SAMPLE_EVERY, SECONDS_BUCKETS, Metrics
-from bridge.wireformat import format_timestamp
 
 
 def metrics() -> tuple[Metrics, InMemoryMetricReader]:

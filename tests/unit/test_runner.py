@@ -536,7 +536,7 @@ async def test_one_warning_per_batch_sent_to_the_error_queue(
 def test_tune_gc_freezes_what_lives_and_collects_young_objects_less_often() -> None:
     import gc
 
-    from bridge.cli import GC_YOUNG_THRESHOLD, tune_gc
+    from bridge.service.tuning import GC_YOUNG_THRESHOLD, tune_gc
 
     before = gc.get_threshold()
     try:

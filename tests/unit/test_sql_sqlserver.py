@@ -18,9 +18,9 @@ import sqlglot
 from sqlglot import exp
 
 from bridge.config.models import SqlServerConnection
-from bridge.deadletter import RAW_HEADERS
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import MessageRejected, TransportError, TransportUnavailable
+from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.transports.sql import tsql
 from bridge.transports.sql.dialect import DbConnection
 from bridge.transports.sql.layout import incoming, outgoing, received_rows

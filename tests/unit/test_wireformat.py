@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.wireformat import format_timespan, format_timestamp, parse_timespan, parse_timestamp
+from bridge.nservicebus.wireformat import (
+    format_timespan,
+    format_timestamp,
+    parse_timespan,
+    parse_timestamp,
+)
 
 SPEC_MOMENT = datetime(2026, 4, 29, 21, 56, 55, 590807, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.wireformat import format_timestamp, parse_timestamp, timestamp_seconds
+from bridge.nservicebus.wireformat import format_timestamp, parse_timestamp, timestamp_seconds
 
 
 @given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)))

@@ -23,11 +23,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.devbroker import free_port
 from bridge.envelope import Envelope, Headers
-from bridge.routing.health import HealthServer
-from bridge.routing.workers import WorkerLink, Workers, merge_metrics, merge_routes
+from bridge.service.http import HealthServer
+from bridge.service.workers import WorkerLink, Workers, merge_metrics, merge_routes
 from bridge.telemetry.metrics import Metrics
+from tests.support.localkafka import free_port
 
 # --- /routes ----------------------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ def route(
     last_error: str | None = None,
     last_error_at: float | None = None,
 ) -> dict[str, Any]:
-    """One route of a worker's /routes, as `bridge.routing.health.route_report` writes it."""
+    """One route of a worker's /routes, as `bridge.service.http.route_report` writes it."""
     return {
         "name": name,
         "from": {"connection": "a", "address": "In"},
@@ -349,7 +349,7 @@ def serving() -> Iterator[HealthServer]:
 
 
 def test_the_primary_reads_its_workers_status_over_http(serving: HealthServer) -> None:
-    from bridge.routing.workers import WorkersStatus
+    from bridge.service.workers import WorkersStatus
 
     primary = Workers(3, [], routes=["a-to-b"], http=None)
     primary.workers[0].port = serving.port  # answers

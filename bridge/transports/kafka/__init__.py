@@ -41,6 +41,7 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from bridge.config.models import KafkaConnection
 from bridge.errors import ConfigError, TransportError
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.protocols import Checkpoint, CheckpointStore
 from bridge.transports.kafka.config import client_kwargs, consumer_kwargs, producer_kwargs
 from bridge.transports.kafka.errors import kafka_errors, translate
@@ -50,7 +51,6 @@ from bridge.transports.kafka.source import KafkaSource, checkpoint_key
 
 __all__ = ["KafkaSink", "KafkaSource", "TopicStats", "Transport"]
 
-DEFAULT_ERROR_QUEUE = "bridge.error"
 
 #: Kafka's default `message.max.bytes` (1 MiB plus the legacy log overhead): the largest
 #: record batch a topic without its own `max.message.bytes` accepts.

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
-from bridge.deadletter import failure_headers
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.wireformat import format_timespan, parse_timespan
+from bridge.nservicebus.deadletter import failure_headers
+from bridge.nservicebus.wireformat import format_timespan, parse_timespan
 
 __all__ = [
     "DEFAULT_KEY",

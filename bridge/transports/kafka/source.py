@@ -53,9 +53,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from bridge.batch import Batch, Rejected
-from bridge.deadletter import error_copy
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, SettleError
+from bridge.nservicebus.deadletter import error_copy
 from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
 from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
 from bridge.transports.kafka.headers import (

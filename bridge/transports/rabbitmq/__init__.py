@@ -52,9 +52,9 @@ from bridge.transports.rabbitmq.config import describe, parameters, queue_argume
 from bridge.transports.rabbitmq.connection import Done, Link, Op
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.sink import RabbitMQSink
-from bridge.transports.rabbitmq.source import DEFAULT_ERROR_QUEUE, RabbitMQSource
+from bridge.transports.rabbitmq.source import RabbitMQSource
 
-__all__ = ["DEFAULT_ERROR_QUEUE", "QueueStats", "RabbitMQSink", "RabbitMQSource", "Transport"]
+__all__ = ["QueueStats", "RabbitMQSink", "RabbitMQSource", "Transport"]
 
 _CURRENT = re.compile(r"inequivalent arg '([^']+)'.*but current is (?:the value )?'?([\w-]+)")
 _CURRENT_VALUE = re.compile(

@@ -62,7 +62,7 @@ import pika
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.wireformat import (
+from bridge.nservicebus.wireformat import (
     format_timespan,
     format_timestamp,
     parse_timespan,

@@ -25,11 +25,12 @@ Poison
     is not UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is
     published to `error_queue` (default `bridge.error`, same broker, a connection of its own
     opened when first needed, publisher confirms) byte for byte: body, properties and headers
-    unchanged, plus the failure headers ServiceControl reads (`bridge.deadletter`) and, when it
-    has no id at all, a deterministic one; only `expiration` is dropped (an error-queue copy
-    never expires). Messages the runner rejected with `batch.reject` go there as
-    `bridge.deadletter.error_copy` makes them (without a time to live either). Only then is the
-    batch acknowledged: a crash in between leaves a duplicate in the error queue, never a loss.
+    unchanged, plus the failure headers ServiceControl reads (`bridge.nservicebus.deadletter`)
+    and, when it has no id at all, a deterministic one; only `expiration` is dropped (an
+    error-queue copy never expires). Messages the runner rejected with `batch.reject` go there
+    as `bridge.nservicebus.deadletter.error_copy` makes them (without a time to live either).
+    Only then is the batch acknowledged: a crash in between leaves a duplicate in the error
+    queue, never a loss.
     An error queue that does not take the copies (missing: `TransportError`; the broker nacks
     them, e.g. a full queue with `x-overflow: reject-publish`: `TransportUnavailable`) fails
     the commit, and the batch's deliveries go back to the queue before it raises, as `abort()`
@@ -56,9 +57,9 @@ import pika
 
 from bridge.batch import Batch, Rejected
 from bridge.config.models import RabbitMQConnection
-from bridge.deadletter import error_copy, failure_headers
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError, TransportUnavailable
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy, failure_headers
 from bridge.transports.rabbitmq.config import (
     CONFIRM_TIMEOUT,
     DELIVERY_PAUSE,
@@ -75,9 +76,8 @@ from bridge.transports.rabbitmq.headers import (
     to_amqp,
 )
 
-__all__ = ["DEFAULT_ERROR_QUEUE", "Delivery", "RabbitMQSource"]
+__all__ = ["Delivery", "RabbitMQSource"]
 
-DEFAULT_ERROR_QUEUE = "bridge.error"
 
 log = logging.getLogger("bridge.rabbitmq")
 

@@ -19,9 +19,9 @@ Expiry and poison
     Expired rows (by the database clock) are deleted with the batch and only counted in
     `Batch.expired`. A row whose Headers cannot be read becomes a `PoisonMessage` (raw Headers,
     body) without holding up the rows behind it, and so does a retried error copy of one (a
-    row carrying `NServiceBus.Bridge.RawHeaders`, see `bridge.deadletter`). With
-    `error_queue` the source inserts its error copy (`bridge.deadletter.error_copy`: body
-    unchanged, the raw Headers text in that header, the failure headers) into that table in
+    row carrying `NServiceBus.Bridge.RawHeaders`, see `bridge.nservicebus.deadletter`). With
+    `error_queue` the source inserts its error copy (`bridge.nservicebus.deadletter.error_copy`:
+    body unchanged, the raw Headers text in that header, the failure headers) into that table in
     the same transaction, right before COMMIT. Poison messages are listed in `Batch.poison`
     either way; without `error_queue`, committing deletes them and they are the caller's to
     keep.
@@ -93,15 +93,15 @@ from functools import partial
 from typing import Any, TypeVar
 
 from bridge.batch import Batch, Rejected
-from bridge.deadletter import error_copy, returned_poison
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected, SettleError, TransportError
+from bridge.nservicebus.deadletter import error_copy, returned_poison
+from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
 from bridge.transports.sql.layout import QueueRow, ScannedRow, new_ids
-from bridge.wireformat import timestamp_seconds
 
 __all__ = [
     "CheckpointConflict",

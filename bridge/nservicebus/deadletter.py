@@ -33,10 +33,18 @@ from datetime import UTC, datetime
 
 from bridge.envelope import MESSAGE_ID, Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
-from bridge.wireformat import format_timestamp
+from bridge.nservicebus.wireformat import format_timestamp
 
-__all__ = ["RAW_HEADERS", "error_copy", "failure_headers", "returned_poison"]
+__all__ = [
+    "DEFAULT_ERROR_QUEUE",
+    "RAW_HEADERS",
+    "error_copy",
+    "failure_headers",
+    "returned_poison",
+]
 
+#: Where a route's poison messages go when it names no `error_queue`: on the source's connection.
+DEFAULT_ERROR_QUEUE = "bridge.error"
 RAW_HEADERS = "NServiceBus.Bridge.RawHeaders"
 MAX_MESSAGE = 16_384
 ENDPOINT = "bridge"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from bridge import cli
 from bridge.config.loader import load_config
-from bridge.devbroker import LocalKafka
 from bridge.envelope import Envelope
 from bridge.protocols import Transport
 from bridge.transports import load
+from tests.support.localkafka import LocalKafka
 
 __all__ = ["main"]
 

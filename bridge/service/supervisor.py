@@ -27,9 +27,9 @@ from bridge.protocols import (
     TransactionalSource,
     Transport,
 )
-from bridge.routing.health import HealthServer, RunnerStatus
 from bridge.routing.runner import Probe, RouteRunner
-from bridge.routing.workers import WorkerLink
+from bridge.service.http import HealthServer, RunnerStatus
+from bridge.service.workers import WorkerLink
 from bridge.telemetry.metrics import Metrics
 from bridge.transports import load
 

@@ -3,7 +3,7 @@
 Served by the standard library's threading HTTP server on a daemon thread, reading route state
 that the event loop writes (plain attribute reads; no locks needed for a status page). What it
 shows comes from a `Status`: `RunnerStatus` for the routes of this process, or, under
-`bridge run --workers N`, the primary's view over its workers (`bridge.routing.workers`).
+`bridge run --workers N`, the primary's view over its workers (`bridge.service.workers`).
 
 - `/healthz`: 200 while the process runs.
 - `/readyz`: 200 when every route is running (its source and destination reached, no loop in

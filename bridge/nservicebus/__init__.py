@@ -1,0 +1,1 @@
+"""What NServiceBus defines: wire formats, error-queue copies, the messages endpoints write."""

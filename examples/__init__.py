@@ -1,0 +1,1 @@
+"""Examples of using the bridge: the demo the README starts with."""
