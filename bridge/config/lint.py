@@ -1,18 +1,32 @@
-"""The cross-field rules of routes.yaml, in one function, one precise message each."""
+"""The cross-field rules of routes.yaml, one precise message each, at `FILE:LINE:COL`.
+
+Rules that belong to one connection type (Kafka's security settings, RabbitMQ's URL, each
+transport's names) live with that transport in its driver-free `config.py`, listed in `RULES`.
+"""
 
 from __future__ import annotations
 
 import re
+from types import ModuleType
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from bridge.config.models import BridgeConfig, Endpoint
+from bridge.config.models import BridgeConfig, ConnectionConfig, Endpoint
 from bridge.errors import ConfigError
+from bridge.transports.kafka import config as kafka_config
+from bridge.transports.rabbitmq import config as rabbitmq_config
+from bridge.transports.sql import config as sql_config
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
 
-__all__ = ["SECRET_KEYS", "credential_warnings", "is_secret", "lint"]
+__all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint"]
+
+#: Connection type -> the driver-free module with its rules: `lint(connection)` yields
+#: (key, problem) pairs, `address_problem(kind, name)` says why a name would be refused.
+RULES: dict[str, ModuleType] = {
+    kind: module for module in (sql_config, kafka_config, rabbitmq_config) for kind in module.KINDS
+}
 
 #: Connection fields that may hold a credential; nothing else in routes.yaml may.
 SECRET_KEYS = ("dsn", "url", "sasl_password")
@@ -60,53 +74,27 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
-#: Kafka's own rule for topic names (the broker refuses others, and `.`/`..` are reserved).
-_KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-RABBITMQ_MAX_NAME_BYTES = 255  # AMQP shortstr
-SQLSERVER_MAX_NAME = 128  # sysname
-
-
 def _address_name(kind: str, name: str, role: str, where: str) -> None:
     """A queue, table or topic name its transport would refuse, found before anything runs.
 
     Empty names and NUL (every transport's rule) are checked above for every endpoint.
     """
-    problem: str | None = None
-    if kind == "kafka":
-        if not _KAFKA_TOPIC.fullmatch(name) or name in (".", ".."):
-            problem = (
-                f"Kafka topic name {name!r} is not valid: 1-249 characters of "
-                "A-Z a-z 0-9 . _ - (and not '.' or '..')"
-            )
-    elif kind == "rabbitmq":
-        size = len(name.encode("utf-8"))
-        if size > RABBITMQ_MAX_NAME_BYTES:
-            problem = (
-                f"RabbitMQ queue name {name[:40]!r}... is {size} bytes long; "
-                f"AMQP allows at most {RABBITMQ_MAX_NAME_BYTES}"
-            )
-        elif name.startswith("amq."):
-            problem = f"RabbitMQ queue name {name!r}: names starting 'amq.' are the broker's"
-    elif kind == "sqlserver":
-        if len(name) > SQLSERVER_MAX_NAME:
-            problem = (
-                f"SQL Server table name {name[:40]!r}... is {len(name)} characters long; "
-                f"identifiers hold at most {SQLSERVER_MAX_NAME}"
-            )
-    elif kind == "postgresql":
-        # Lazily, as `bridge.transports` loads transports: the module imports no driver itself.
-        from bridge.transports.sql.postgresql import check_table_name
-
-        try:
-            check_table_name(name)
-        except ConfigError as exc:
-            problem = exc.message
+    problem = RULES[kind].address_problem(kind, name)
     if problem is not None:
         raise ConfigError(f"{role}: {problem}", where)
 
 
+def _connection(name: str, connection: ConnectionConfig, at: Positions) -> None:
+    """The rules of the connection's own transport, at the key each is about."""
+    for key, problem in RULES[connection.type].lint(connection):
+        path: tuple[str | int, ...] = ("connections", name) + ((key,) if key else ())
+        raise ConfigError(f"connections.{name}: {problem}", at.at(path))
+
+
 def lint(config: BridgeConfig, at: Positions) -> None:
     """Raise ConfigError for the first rule a valid-shaped config breaks."""
+    for name, connection in config.connections.items():
+        _connection(name, connection, at)
     seen: set[str] = set()
     for i, route in enumerate(config.routes):
         path: tuple[str | int, ...] = ("routes", i)

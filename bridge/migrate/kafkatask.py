@@ -28,13 +28,13 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bridge.batch import Batch, Rejected
-from bridge.config.models import KafkaConnection
 from bridge.errors import ConfigError, TransportError, TransportUnavailable
 from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
-from bridge.transports.kafka.config import consumer_kwargs
+from bridge.transports.kafka.config import KafkaConnection
+from bridge.transports.kafka.connection import consumer_kwargs
 from bridge.transports.kafka.errors import kafka_errors
 from bridge.transports.kafka.source import ErrorTopic, checkpoint_key, read_records
 from bridge.transports.sql.queue import CheckpointConflict, SqlSink

@@ -8,20 +8,34 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bridge.errors import ConfigError
 from bridge.protocols import Transport
 
-__all__ = ["TRANSPORTS", "load"]
+__all__ = ["TRANSPORTS", "lazy_exports", "load"]
 
 TRANSPORTS: dict[str, str] = {
     "sqlite": "bridge.transports.sql.sqlite:Transport",
     "postgresql": "bridge.transports.sql.postgresql:Transport",
     "sqlserver": "bridge.transports.sql.sqlserver:Transport",
-    "kafka": "bridge.transports.kafka:Transport",
-    "rabbitmq": "bridge.transports.rabbitmq:Transport",
+    "kafka": "bridge.transports.kafka.transport:Transport",
+    "rabbitmq": "bridge.transports.rabbitmq.transport:Transport",
 }
+
+
+def lazy_exports(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's `__getattr__` that imports each exported name's module on first use, so that
+    importing the package (for its driver-free `config`) imports no driver."""
+
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+    return __getattr__
 
 
 def load(name: str, config: Any) -> Transport:

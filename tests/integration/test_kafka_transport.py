@@ -24,7 +24,7 @@ from bridge.config.models import KafkaConnection
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import ConfigError, MessageRejected, TransportError, TransportUnavailable
 from bridge.transports.kafka import KafkaSource, Transport
-from bridge.transports.kafka.config import consumer_kwargs
+from bridge.transports.kafka.connection import consumer_kwargs
 from bridge.transports.kafka.headers import record_message_id
 from tests.conftest import unique
 from tests.support.localkafka import free_port

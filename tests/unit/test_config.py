@@ -154,11 +154,16 @@ def test_no_credential_warning_when_secrets_come_from_the_environment() -> None:
         ('{type: postgresql, dsn: "${PG_DSN:-postgresql://bob:DefaultPw1@h/x}"}', "dsn"),
         ('{type: rabbitmq, url: "${AMQP_URL:-amqp://app:pw@h/%2F}"}', "url"),
         (
-            '{type: kafka, bootstrap_servers: "k:9092", sasl_password: "${PW:-pa55}"}',
+            '{type: kafka, bootstrap_servers: "k:9092", security_protocol: SASL_SSL, '
+            'sasl_mechanism: PLAIN, sasl_username: u, sasl_password: "${PW:-pa55}"}',
             "sasl_password",
         ),
         ('{type: rabbitmq, url: "amqp://guest:guest@127.0.0.1/%2F"}', "url"),
-        ('{type: kafka, bootstrap_servers: "k:9092", sasl_password: "pa55"}', "sasl_password"),
+        (
+            '{type: kafka, bootstrap_servers: "k:9092", security_protocol: SASL_SSL, '
+            'sasl_mechanism: PLAIN, sasl_username: u, sasl_password: "pa55"}',
+            "sasl_password",
+        ),
     ],
 )
 def test_credentials_written_in_the_file_are_warned_about(connection: str, key: str) -> None:
@@ -176,8 +181,10 @@ def test_credentials_written_in_the_file_are_warned_about(connection: str, key: 
     "connection",
     [
         '{type: postgresql, dsn: "${PG_DSN:-postgresql://postgres@127.0.0.1/test}"}',
-        '{type: kafka, bootstrap_servers: "k:9092", sasl_password: "${PW:-}"}',
-        '{type: kafka, bootstrap_servers: "k:9092", sasl_password: "${PW}"}',
+        '{type: kafka, bootstrap_servers: "k:9092", security_protocol: SASL_SSL, '
+        'sasl_mechanism: PLAIN, sasl_username: u, sasl_password: "${PW:-}"}',
+        '{type: kafka, bootstrap_servers: "k:9092", security_protocol: SASL_SSL, '
+        'sasl_mechanism: PLAIN, sasl_username: u, sasl_password: "${PW}"}',
     ],
 )
 def test_defaults_without_a_password_are_fine(connection: str) -> None:
@@ -416,7 +423,8 @@ OFFLINE = textwrap.dedent(
       legacy: {type: sqlserver, dsn: "${LEGACY_ODBC}", schema: "${LEGACY_SCHEMA:-dbo}"}
       shop: {type: postgresql, dsn: "postgresql://app:${SHOP_PW}@db/shop"}
       rabbit: {type: rabbitmq, url: "${RABBIT_URL}"}
-      kafka: {type: kafka, bootstrap_servers: "k:9092", sasl_password: "${KAFKA_PW}"}
+      kafka: {type: kafka, bootstrap_servers: "k:9092", security_protocol: SASL_SSL,
+              sasl_mechanism: PLAIN, sasl_username: u, sasl_password: "${KAFKA_PW}"}
     routes: []
     """
 )
@@ -479,3 +487,48 @@ def test_a_malformed_variable_in_a_credential_field_shows_nothing_of_it() -> Non
     message = error_of(text.replace('w0rd"', 'w0rd}"'), env={})
     assert message.startswith("routes.yaml:2:30: invalid variable name: names are letters")
     assert "w0rd" not in message
+
+
+@pytest.mark.parametrize(
+    ("connection", "key", "message"),
+    [
+        (
+            '{type: kafka, bootstrap_servers: "k:9092", security_protocol: SASL_SSL}',
+            "security_protocol",
+            "kafka: security_protocol SASL_SSL needs sasl_mechanism",
+        ),
+        (
+            '{type: kafka, bootstrap_servers: "k:9092", sasl_username: bob}',
+            "sasl_username",
+            "kafka: sasl_username is set but security_protocol PLAINTEXT does not use SASL",
+        ),
+        (
+            '{type: kafka, bootstrap_servers: "k:9092", ssl_cafile: /ca.pem}',
+            "ssl_cafile",
+            "kafka: ssl_cafile is set but security_protocol PLAINTEXT does not use SSL",
+        ),
+        (
+            '{type: kafka, bootstrap_servers: "k:9092", security_protocol: SSL, ssl_certfile: c}',
+            "ssl_certfile",
+            "kafka: ssl_certfile and ssl_keyfile go together",
+        ),
+        (
+            '{type: rabbitmq, url: "http://guest:guest@127.0.0.1:5672/"}',
+            "url",
+            "url must start with amqp:// or amqps://",
+        ),
+        (
+            '{type: rabbitmq, url: "amqp://guest:guest@127.0.0.1:port/"}',
+            "url",
+            "invalid url: Port could not be cast to integer value as 'port'",
+        ),
+    ],
+)
+def test_each_transports_connection_rules_are_reported_at_the_key(
+    connection: str, key: str, message: str
+) -> None:
+    """Rules that used to fail only when connecting: `bridge check` reports them, located."""
+    line = f"  db: {connection}"
+    text = f"connections:\n{line}\nroutes: []\n"
+    column = line.index(f" {key}:") + len(f" {key}: ") + 1
+    assert error_of(text) == f"routes.yaml:2:{column}: connections.db: {message}"

@@ -7,7 +7,7 @@ import pytest
 
 from bridge.config.models import KafkaConnection
 from bridge.errors import ConfigError
-from bridge.transports.kafka.config import client_kwargs, consumer_kwargs, producer_kwargs
+from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs, producer_kwargs
 
 
 def connection(**fields: Any) -> KafkaConnection:

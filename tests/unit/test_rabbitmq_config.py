@@ -9,7 +9,8 @@ import pytest
 from bridge.config.models import RabbitMQConnection
 from bridge.errors import ConfigError
 from bridge.transports.rabbitmq import Transport
-from bridge.transports.rabbitmq.config import parameters, publish_route, queue_arguments
+from bridge.transports.rabbitmq.config import publish_route, queue_arguments
+from bridge.transports.rabbitmq.connection import parameters
 
 
 def config(**fields: Any) -> RabbitMQConnection:

@@ -1,104 +1,102 @@
-"""`KafkaConnection` (routes.yaml) to the keyword arguments of aiokafka's clients.
+"""The Kafka connection of routes.yaml and its rules.
 
-Guarantees: the producer always waits for every in-sync replica (`acks="all"`); idempotence
-follows `idempotence` (on by default; the local tansu broker needs it off). Consumers never
-auto-commit (a source commits only what its sink made durable), start from the earliest record
-when their group has no committed offset, fetch records up to `max_request_size`, and wait at
-most `FETCH_MAX_WAIT_MS` at the broker for records to arrive.
-
-Connection settings are checked here, with one message per mistake, before anything connects:
-SASL needs a mechanism, a user name and a password; credentials or certificate files given for a
-protocol that would not use them are errors rather than silently ignored, and so are
-certificate files that cannot be loaded. Raises `ConfigError`.
-The password only ever goes to aiokafka; it is never part of a message or a log line.
+Driver-free: `bridge check` and the config loader import it without aiokafka. Security settings
+are checked here, with one message per mistake, before anything connects: SASL needs a
+mechanism, a user name and a password; credentials or certificate files given for a protocol
+that would not use them are errors rather than silently ignored; a certificate goes with its
+key. Topic names follow Kafka's own rule.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Iterator
+from typing import Literal
 
-from aiokafka.helpers import create_ssl_context
+from pydantic import Field
 
-from bridge.config.models import KafkaConnection
+from bridge.config.base import Problem, Strict
 from bridge.errors import ConfigError
 
-__all__ = ["client_kwargs", "consumer_kwargs", "producer_kwargs", "validate"]
+__all__ = ["KINDS", "KafkaConnection", "address_problem", "lint", "validate"]
 
-_MIN_FETCH_BYTES = 1_048_576
-#: How long a fetch may wait at the broker for records. Kafka answers a waiting fetch as soon as
-#: a record arrives, so this only sets how often an idle consumer asks again; brokers that hold
-#: every fetch for the whole wait (tansu, the local test broker) add up to this much latency, so
-#: it is kept well below aiokafka's 500 ms (20 empty fetches a second per idle source).
-FETCH_MAX_WAIT_MS = 50
+KINDS = ("kafka",)
+
+
+class KafkaConnection(Strict):
+    type: Literal["kafka"]
+    bootstrap_servers: str = Field(min_length=1, description="Comma-separated host:port list.")
+    idempotence: bool = Field(True, description="Idempotent producer (off for the local broker).")
+    client_id: str = Field("bridge", min_length=1, description="Client id reported to the brokers.")
+    compression_type: Literal["gzip", "snappy", "lz4", "zstd"] | None = Field(
+        None, description="Producer compression."
+    )
+    max_batch_size: int = Field(
+        1_048_576,
+        gt=0,
+        description="Largest record batch in bytes; a send is split into batches of at most this.",
+    )
+    max_request_size: int = Field(1_048_576, gt=0, description="Largest record accepted.")
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1_000,
+        description="Consumer group session timeout: how soon a dead bridge's partitions move.",
+    )
+    partitions: int = Field(
+        6,
+        gt=0,
+        description="Partitions of topics `bridge install` creates (6: an even share for 1, 2, "
+        "3 or 6 consumers, i.e. workers x replicas).",
+    )
+    replication_factor: int = Field(1, gt=0, description="Replication of created topics.")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+
+_SASL = ("sasl_mechanism", "sasl_username", "sasl_password")
+_SSL_FILES = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+
+
+def lint(config: KafkaConnection) -> Iterator[Problem]:
+    """Security settings that contradict each other, each with the key it is about."""
+    protocol = config.security_protocol
+    if protocol.startswith("SASL_"):
+        for key in _SASL:
+            if getattr(config, key) is None:
+                yield "security_protocol", f"kafka: security_protocol {protocol} needs {key}"
+    else:
+        for key in _SASL:
+            if getattr(config, key) is not None:
+                yield key, f"kafka: {key} is set but security_protocol {protocol} does not use SASL"
+    if not protocol.endswith("SSL"):
+        for key in _SSL_FILES:
+            if getattr(config, key) is not None:
+                yield key, f"kafka: {key} is set but security_protocol {protocol} does not use SSL"
+    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
+        key = "ssl_certfile" if config.ssl_certfile is not None else "ssl_keyfile"
+        yield key, "kafka: ssl_certfile and ssl_keyfile go together"
 
 
 def validate(config: KafkaConnection) -> None:
-    """Raise ConfigError for security settings that contradict each other."""
-    protocol = config.security_protocol
-    sasl = protocol.startswith("SASL_")
-    ssl = protocol.endswith("SSL")
-    if sasl:
-        for field in ("sasl_mechanism", "sasl_username", "sasl_password"):
-            if getattr(config, field) is None:
-                raise ConfigError(f"kafka: security_protocol {protocol} needs {field}")
-    else:
-        for field in ("sasl_mechanism", "sasl_username", "sasl_password"):
-            if getattr(config, field) is not None:
-                raise ConfigError(
-                    f"kafka: {field} is set but security_protocol {protocol} does not use SASL"
-                )
-    if not ssl:
-        for field in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-            if getattr(config, field) is not None:
-                raise ConfigError(
-                    f"kafka: {field} is set but security_protocol {protocol} does not use SSL"
-                )
-    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
-        raise ConfigError("kafka: ssl_certfile and ssl_keyfile go together")
+    """Raise ConfigError for the first rule `lint` finds (a connection built without a file)."""
+    for _, message in lint(config):
+        raise ConfigError(message)
 
 
-def client_kwargs(config: KafkaConnection) -> dict[str, Any]:
-    """What every aiokafka client (admin included) takes: where the brokers are, how to log in."""
-    validate(config)
-    kwargs: dict[str, Any] = {
-        "bootstrap_servers": config.bootstrap_servers,
-        "client_id": config.client_id,
-        "security_protocol": config.security_protocol,
-    }
-    if config.sasl_mechanism is not None:
-        kwargs["sasl_mechanism"] = config.sasl_mechanism
-        kwargs["sasl_plain_username"] = config.sasl_username
-        kwargs["sasl_plain_password"] = config.sasl_password
-    if config.security_protocol.endswith("SSL"):
-        try:
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=config.ssl_cafile, certfile=config.ssl_certfile, keyfile=config.ssl_keyfile
-            )
-        except OSError as exc:  # ssl.SSLError included
-            raise ConfigError(f"kafka: cannot load the SSL certificate files: {exc}") from exc
-    return kwargs
+#: Kafka's own rule for topic names (the broker refuses others, and `.`/`..` are reserved).
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
-def producer_kwargs(config: KafkaConnection) -> dict[str, Any]:
-    return {
-        **client_kwargs(config),
-        "acks": "all",
-        "enable_idempotence": config.idempotence,
-        "compression_type": config.compression_type,
-        "max_batch_size": config.max_batch_size,
-        "max_request_size": config.max_request_size,
-    }
-
-
-def consumer_kwargs(config: KafkaConnection, group: str | None) -> dict[str, Any]:
-    """A consumer in `group` (None: no group, for peeking) that never commits on its own."""
-    return {
-        **client_kwargs(config),
-        "group_id": group,
-        "enable_auto_commit": False,
-        "auto_offset_reset": "earliest",
-        "max_partition_fetch_bytes": max(_MIN_FETCH_BYTES, config.max_request_size),
-        "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
-        "session_timeout_ms": config.session_timeout_ms,
-        "heartbeat_interval_ms": max(100, config.session_timeout_ms // 3),
-    }
+def address_problem(kind: str, name: str) -> str | None:
+    """Why Kafka would refuse a topic called `name`, or None."""
+    if not _TOPIC.fullmatch(name) or name in (".", ".."):
+        return (
+            f"Kafka topic name {name!r} is not valid: 1-249 characters of "
+            "A-Z a-z 0-9 . _ - (and not '.' or '..')"
+        )
+    return None

@@ -1,11 +1,12 @@
-"""`RabbitMQConnection` (routes.yaml) to pika's connection parameters, queue arguments and routes.
+"""The RabbitMQ connection of routes.yaml, its rules, timeouts, queue arguments and routes.
 
-Connection: the URL is parsed by pika (`amqp://` or `amqps://`, its query options such as
-`heartbeat` or `ssl_options` included). Where the URL does not say otherwise the bridge asks for
-one connection attempt per call (the runner's backoff does the retrying), closes a connection
-the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT` seconds instead of waiting
-forever, and names the connection `bridge <connection> <role>` in the management UI. The
-password only ever goes to pika; messages and logs name the connection, never the URL.
+Driver-free: `bridge check` and the config loader import it without pika.
+Connection (`connection.py`): the URL is parsed by pika (`amqp://` or `amqps://`, its query
+options such as `heartbeat` or `ssl_options` included). Where the URL does not say otherwise the
+bridge asks for one connection attempt per call (the runner's backoff does the retrying), closes
+a connection the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT` seconds instead
+of waiting forever, and names the connection `bridge <connection> <role>` in the management UI.
+The password only ever goes to pika; messages and logs name the connection, never the URL.
 
 Topology (wire-format §7): `conventional` publishes to a durable fanout exchange named like the
 queue, routing key `""`; `direct` publishes to the default exchange with the queue's name as
@@ -14,12 +15,13 @@ routing key. Queues are durable and declared with `x-queue-type` = `queue_type`.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Iterator
+from typing import Literal
+from urllib.parse import urlsplit
 
-import pika
+from pydantic import Field
 
-from bridge.config.models import RabbitMQConnection
-from bridge.errors import ConfigError
+from bridge.config.base import Problem, Strict
 
 __all__ = [
     "BLOCKED_TIMEOUT",
@@ -27,12 +29,56 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "DELIVERY_PAUSE",
     "GATHER_LIMIT",
+    "KINDS",
     "OPERATION_TIMEOUT",
+    "RabbitMQConnection",
+    "address_problem",
     "describe",
-    "parameters",
+    "lint",
     "publish_route",
     "queue_arguments",
 ]
+
+KINDS = ("rabbitmq",)
+RABBITMQ_MAX_NAME_BYTES = 255  # AMQP shortstr
+
+
+class RabbitMQConnection(Strict):
+    type: Literal["rabbitmq"]
+    url: str = Field(
+        min_length=1, description="AMQP URL (amqp:// or amqps://); keep secrets in ${VAR}."
+    )
+    topology: Literal["conventional", "direct"] = Field(
+        "conventional", description="Exchange per queue (conventional) or default exchange."
+    )
+    queue_type: Literal["quorum", "classic"] = Field("quorum", description="Declared type.")
+    prefetch: int = Field(500, gt=0, description="Consumer prefetch count.")
+
+
+def lint(config: RabbitMQConnection) -> Iterator[Problem]:
+    """The URL's scheme and shape, found before anything connects."""
+    try:
+        split = urlsplit(config.url)
+        split.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        yield "url", f"invalid url: {exc}"
+        return
+    if split.scheme not in ("amqp", "amqps"):
+        yield "url", "url must start with amqp:// or amqps://"
+
+
+def address_problem(kind: str, name: str) -> str | None:
+    """Why RabbitMQ would refuse a queue called `name`, or None."""
+    size = len(name.encode("utf-8"))
+    if size > RABBITMQ_MAX_NAME_BYTES:
+        return (
+            f"RabbitMQ queue name {name[:40]!r}... is {size} bytes long; "
+            f"AMQP allows at most {RABBITMQ_MAX_NAME_BYTES}"
+        )
+    if name.startswith("amq."):
+        return f"RabbitMQ queue name {name!r}: names starting 'amq.' are the broker's"
+    return None
+
 
 #: Seconds to open a connection and its channel.
 CONNECT_TIMEOUT = 15.0
@@ -52,25 +98,6 @@ GATHER_LIMIT = 0.02
 
 def describe(name: str) -> str:
     return f"rabbitmq connection {name!r}"
-
-
-def parameters(config: RabbitMQConnection, name: str, role: str) -> pika.URLParameters:
-    """pika parameters for one connection of `name` used as `role` (source, sink, admin)."""
-    split = urlsplit(config.url)
-    if split.scheme not in ("amqp", "amqps"):
-        raise ConfigError(f"{describe(name)}: url must start with amqp:// or amqps://")
-    try:
-        params = pika.URLParameters(config.url)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{describe(name)}: invalid url: {exc}") from None
-    given = parse_qs(split.query)
-    if "connection_attempts" not in given:
-        params.connection_attempts = 1
-    if "blocked_connection_timeout" not in given:
-        params.blocked_connection_timeout = BLOCKED_TIMEOUT
-    if "client_properties" not in given:
-        params.client_properties = {"connection_name": f"bridge {name} {role}"}
-    return params
 
 
 def queue_arguments(config: RabbitMQConnection) -> dict[str, object]:

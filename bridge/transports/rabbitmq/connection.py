@@ -35,16 +35,30 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pika
 from pika import spec
 from pika.adapters.select_connection import SelectConnection
 
-from bridge.errors import BridgeError, MessageRejected, TransportError, TransportUnavailable
-from bridge.transports.rabbitmq.config import CONNECT_TIMEOUT, OPERATION_TIMEOUT
+from bridge.errors import (
+    BridgeError,
+    ConfigError,
+    MessageRejected,
+    TransportError,
+    TransportUnavailable,
+)
+from bridge.transports.rabbitmq.config import (
+    BLOCKED_TIMEOUT,
+    CONNECT_TIMEOUT,
+    OPERATION_TIMEOUT,
+    RabbitMQConnection,
+    describe,
+    lint,
+)
 from bridge.transports.rabbitmq.errors import oversized_body, translate
 
-__all__ = ["Done", "Link", "Message", "Op", "PublishOutcome"]
+__all__ = ["Done", "Link", "Message", "Op", "PublishOutcome", "parameters"]
 
 log = logging.getLogger("bridge.rabbitmq")
 
@@ -52,6 +66,25 @@ _EPOCHS = itertools.count(1)
 _WRITE_CHUNK = 128 * 1024
 
 Message = tuple[pika.BasicProperties, bytes]
+
+
+def parameters(config: RabbitMQConnection, name: str, role: str) -> pika.URLParameters:
+    """pika parameters for one connection of `name` used as `role` (source, sink, admin)."""
+    for _, problem in lint(config):
+        raise ConfigError(f"{describe(name)}: {problem}")
+    split = urlsplit(config.url)
+    try:
+        params = pika.URLParameters(config.url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{describe(name)}: invalid url: {exc}") from None
+    given = parse_qs(split.query)
+    if "connection_attempts" not in given:
+        params.connection_attempts = 1
+    if "blocked_connection_timeout" not in given:
+        params.blocked_connection_timeout = BLOCKED_TIMEOUT
+    if "client_properties" not in given:
+        params.client_properties = {"connection_name": f"bridge {name} {role}"}
+    return params
 
 
 @dataclass(slots=True)

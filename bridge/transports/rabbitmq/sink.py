@@ -30,17 +30,16 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import RabbitMQConnection
 from bridge.envelope import Envelope
 from bridge.errors import MessageRejected, MessagesRejected, TransportUnavailable
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.config import (
     CONFIRM_TIMEOUT,
+    RabbitMQConnection,
     describe,
-    parameters,
     publish_route,
 )
-from bridge.transports.rabbitmq.connection import Link, Message
+from bridge.transports.rabbitmq.connection import Link, Message, parameters
 from bridge.transports.rabbitmq.headers import to_amqp
 
 __all__ = ["RabbitMQSink", "encode_batch"]

@@ -56,7 +56,6 @@ from dataclasses import dataclass
 import pika
 
 from bridge.batch import Batch, Rejected
-from bridge.config.models import RabbitMQConnection
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError, TransportUnavailable
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy, failure_headers
@@ -64,11 +63,11 @@ from bridge.transports.rabbitmq.config import (
     CONFIRM_TIMEOUT,
     DELIVERY_PAUSE,
     GATHER_LIMIT,
+    RabbitMQConnection,
     describe,
-    parameters,
     publish_route,
 )
-from bridge.transports.rabbitmq.connection import Done, Link, Message
+from bridge.transports.rabbitmq.connection import Done, Link, Message, parameters
 from bridge.transports.rabbitmq.headers import (
     error_properties,
     from_amqp,

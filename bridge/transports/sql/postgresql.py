@@ -34,8 +34,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from bridge.config.models import PostgresConnection
 from bridge.errors import ConfigError, TransportError
+from bridge.transports.sql.config import PostgresConnection, address_problem
 from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import postgresql_error
 from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow
@@ -44,21 +44,10 @@ from bridge.transports.sql.queue import SqlTransport
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["MAX_TABLE_NAME_BYTES", "PostgresDialect", "Transport", "check_table_name"]
+__all__ = ["PostgresDialect", "Transport"]
 
-MAX_TABLE_NAME_BYTES = 55
 #: 9999-12-31 23:59:59 UTC in epoch seconds: the last `Expires` a .NET DateTime can hold.
 LAST_EXPIRES = 253_402_300_799
-
-
-def check_table_name(name: str) -> None:
-    """Raise ConfigError for a queue table name the transport refuses (`bridge check` uses it)."""
-    size = len(name.encode("utf-8"))
-    if size > MAX_TABLE_NAME_BYTES:
-        raise ConfigError(
-            f"PostgreSQL queue table name {name!r} is {size} bytes long; "
-            f"the NServiceBus PostgreSQL transport allows at most {MAX_TABLE_NAME_BYTES}"
-        )
 
 
 class PostgresDialect(Dialect):
@@ -98,7 +87,9 @@ class PostgresDialect(Dialect):
         return not (getattr(db, "closed", False) or getattr(db, "broken", False))
 
     def table(self, name: str) -> str:
-        check_table_name(name)
+        problem = address_problem("postgresql", name)
+        if problem is not None:
+            raise ConfigError(problem)
         return f"{double_quote(self.schema)}.{double_quote(name)}"
 
     def canonical_address(self, name: str) -> str:

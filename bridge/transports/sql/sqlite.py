@@ -33,8 +33,8 @@ from __future__ import annotations
 import sqlite3
 from typing import cast
 
-from bridge.config.models import SqliteConnection
 from bridge.errors import TransportError
+from bridge.transports.sql.config import SqliteConnection
 from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import sqlite_error
 from bridge.transports.sql.layout import CheckpointStatements

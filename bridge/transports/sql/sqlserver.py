@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from bridge.config.models import SqlServerConnection
 from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql import tsql
+from bridge.transports.sql.config import SqlServerConnection
 from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
 from bridge.transports.sql.errors import sqlserver_error
 from bridge.transports.sql.layout import CheckpointStatements
