@@ -18,15 +18,21 @@ Starts and stops tansu; needs nothing else.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python bench/kafka_hop.py`: import bench as a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import math
-import sys
 import time
 
-from common import ProcessCpuSampler, body_of, headers_of, percentile, print_table, unique
-from places import KafkaPlace
-
+from bench.legs import KafkaPlace
+from bench.machine import ProcessCpuSampler
+from bench.messages import body_of, headers_of, unique
+from bench.report import percentile, print_table
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 from tests.support.localkafka import LocalKafka
