@@ -8,9 +8,10 @@ A bridge Kafka sink (its own transport and aiokafka producer, as in `bridge run`
 send (13 is about what a SQL -> Kafka route sends at 1,000 msg/s, its source waiting 10 ms
 between polls once caught up; 4 is a source that polls again at once), with the route bench's
 NServiceBus headers, while the route bench's Kafka reader (a consumer with a 5 ms fetch wait,
-`KafkaPlace.timed`) takes each message's latency from the time it was handed to the sink. The first second is a warm-up. Prints a table of p50, p99 and max per
-setting and run (`--by-second`: and per second): what a route into Kafka cannot go below on
-this machine and broker. Each row also has tansu's CPU, a share of one core: its fetches cost
+`KafkaPlace.timed`) takes each message's latency from the time it was handed to the sink.
+The first second is a warm-up. Prints a table of p50, p99 and max per setting and run
+(`--by-second`: and per second): what a route into Kafka cannot go below on this machine and
+broker. Each row also has tansu's CPU, a share of one core: its fetches cost
 more the more record batches a partition holds, so with small sends and a reader it climbs
 second by second, and the latency with it (`--no-reader`: the same sends, nobody fetching).
 Starts and stops tansu; needs nothing else.
