@@ -16,25 +16,28 @@ PySpark.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python bench/migrate_vs_run.py`: import bench as a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench.legs import PG_DSN
 from tests.support.localkafka import LocalKafka
 
-DSN = os.environ.get("BRIDGE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 IDLE = 2.0
 
 
@@ -126,7 +129,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=1024, help="body bytes")
-    parser.add_argument("--dsn", default=DSN)
+    parser.add_argument("--dsn", default=PG_DSN)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, help="migrate ranges (default 4 x cores)")
     parser.add_argument("--batch-size", type=int, default=500)

@@ -14,15 +14,22 @@ end.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python bench/pg_insert.py`: import bench as a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
-import sys
 import time
 from typing import cast
 
 import psycopg
-from common import PG_DSN, body_of, headers_of, print_table, unique
 
+from bench.legs import PG_DSN
+from bench.messages import body_of, headers_of, unique
+from bench.report import print_table
 from bridge.config.models import PostgresConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load

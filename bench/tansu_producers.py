@@ -12,13 +12,17 @@ when a run read fewer ids than were acknowledged.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python bench/tansu_producers.py`: import bench as a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
-import sys
 
-from common import unique
-from places import KafkaPlace
-
+from bench.legs import KafkaPlace
+from bench.messages import unique
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 from tests.support.localkafka import LocalKafka
