@@ -30,6 +30,7 @@ Sink
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
@@ -129,10 +130,14 @@ class GroupLag(Protocol):
     async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int: ...
 
 
-class QueueStats(Protocol):
+@dataclass(frozen=True)
+class QueueStats:
+    """What `peek` finds at an address: messages waiting, the oldest one's age (None where the
+    transport cannot tell or nothing waits), and how many have expired but not been removed."""
+
     depth: int
-    oldest_age_seconds: float | None
-    expired: int
+    oldest_age_seconds: float | None = None
+    expired: int = 0
 
 
 class Transport(Protocol):

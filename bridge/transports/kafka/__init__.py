@@ -6,14 +6,13 @@ load their modules on first use.
 
 from bridge.transports import lazy_exports
 
-__all__ = ["KafkaSink", "KafkaSource", "TopicStats", "Transport"]
+__all__ = ["KafkaSink", "KafkaSource", "Transport"]
 
 __getattr__ = lazy_exports(
     __name__,
     {
         "KafkaSink": "sink",
         "KafkaSource": "source",
-        "TopicStats": "transport",
         "Transport": "transport",
     },
 )

@@ -32,7 +32,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -41,7 +40,7 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from bridge.errors import ConfigError, TransportError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
-from bridge.protocols import Checkpoint, CheckpointStore
+from bridge.protocols import Checkpoint, CheckpointStore, QueueStats
 from bridge.transports.kafka.config import KafkaConnection
 from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs, producer_kwargs
 from bridge.transports.kafka.errors import kafka_errors, translate
@@ -49,7 +48,7 @@ from bridge.transports.kafka.headers import DEFAULT_KEY
 from bridge.transports.kafka.sink import KafkaSink
 from bridge.transports.kafka.source import KafkaSource, checkpoint_key
 
-__all__ = ["KafkaSink", "KafkaSource", "TopicStats", "Transport"]
+__all__ = ["KafkaSink", "KafkaSource", "Transport"]
 
 
 #: Kafka's default `message.max.bytes` (1 MiB plus the legacy log overhead): the largest
@@ -58,13 +57,6 @@ BROKER_MESSAGE_MAX_BYTES = 1_048_588
 
 #: How long `peek` waits for the first record of each partition.
 _PEEK_FETCH_SECONDS = 5.0
-
-
-@dataclass
-class TopicStats:
-    depth: int
-    oldest_age_seconds: float | None = None
-    expired: int = 0
 
 
 class Transport:
@@ -166,7 +158,7 @@ class Transport:
             )
         return []
 
-    async def peek(self, address: str) -> TopicStats:
+    async def peek(self, address: str) -> QueueStats:
         if address not in await self._topics():
             raise TransportError(f"kafka connection {self.name!r}: no topic {address!r}")
         consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, None))
@@ -229,7 +221,7 @@ class Transport:
             await admin.close()
 
 
-async def _topic_stats(consumer: Any, topic: str) -> TopicStats:
+async def _topic_stats(consumer: Any, topic: str) -> QueueStats:
     partitions = consumer.partitions_for_topic(topic) or set()
     tps = [TopicPartition(topic, p) for p in sorted(partitions)]
     consumer.assign(tps)
@@ -249,4 +241,4 @@ async def _topic_stats(consumer: Any, topic: str) -> TopicStats:
                 stamp = records[0].timestamp
                 oldest = stamp if oldest is None else min(oldest, stamp)
     age = None if oldest is None else max(0.0, time.time() - oldest / 1000)
-    return TopicStats(depth=depth, oldest_age_seconds=age, expired=0)
+    return QueueStats(depth=depth, oldest_age_seconds=age, expired=0)

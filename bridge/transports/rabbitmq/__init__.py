@@ -6,12 +6,11 @@ load their modules on first use.
 
 from bridge.transports import lazy_exports
 
-__all__ = ["QueueStats", "RabbitMQSink", "RabbitMQSource", "Transport"]
+__all__ = ["RabbitMQSink", "RabbitMQSource", "Transport"]
 
 __getattr__ = lazy_exports(
     __name__,
     {
-        "QueueStats": "transport",
         "RabbitMQSink": "sink",
         "RabbitMQSource": "source",
         "Transport": "transport",

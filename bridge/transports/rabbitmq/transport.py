@@ -46,14 +46,14 @@ from dataclasses import dataclass
 import pika
 
 from bridge.errors import TransportError
-from bridge.protocols import CheckpointStore
+from bridge.protocols import CheckpointStore, QueueStats
 from bridge.transports.rabbitmq.config import RabbitMQConnection, describe, queue_arguments
 from bridge.transports.rabbitmq.connection import Done, Link, Op, parameters
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.sink import RabbitMQSink
 from bridge.transports.rabbitmq.source import RabbitMQSource
 
-__all__ = ["QueueStats", "RabbitMQSink", "RabbitMQSource", "Transport"]
+__all__ = ["RabbitMQSink", "RabbitMQSource", "Transport"]
 
 _CURRENT = re.compile(r"inequivalent arg '([^']+)'.*but current is (?:the value )?'?([\w-]+)")
 _CURRENT_VALUE = re.compile(
@@ -77,13 +77,6 @@ def _current_argument(error: BaseException) -> tuple[str, object] | None:
         return name, (float(text) if kind in ("double", "float") else int(text))
     except ValueError:
         return None
-
-
-@dataclass
-class QueueStats:
-    depth: int
-    oldest_age_seconds: float | None = None
-    expired: int = 0
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected, SettleError, TransportError
 from bridge.nservicebus.deadletter import error_copy, returned_poison
 from bridge.nservicebus.wireformat import timestamp_seconds
-from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
+from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint, QueueStats
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
@@ -106,7 +106,6 @@ from bridge.transports.sql.layout import QueueRow, ScannedRow, new_ids
 __all__ = [
     "CheckpointConflict",
     "PositionMoved",
-    "QueueDepth",
     "SqlSink",
     "SqlSource",
     "SqlTransport",
@@ -134,15 +133,6 @@ class PositionMoved(CheckpointConflict):
     position first. Retriable: the source receives again from the stored positions."""
 
     retriable = True
-
-
-@dataclass
-class QueueDepth:
-    """`peek`: rows waiting, age of the oldest (from its TimeSent header), expired rows."""
-
-    depth: int
-    oldest_age_seconds: float | None
-    expired: int
 
 
 @dataclass(eq=False)
@@ -801,7 +791,7 @@ class SqlTransport:
         """Reach the database; raise when a table is missing; return warnings."""
         return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
 
-    async def peek(self, address: str) -> QueueDepth:
+    async def peek(self, address: str) -> QueueStats:
         return await self._run(partial(self._peek, address))
 
     def canonical_address(self, address: str) -> str:
@@ -884,7 +874,7 @@ class SqlTransport:
         finally:
             db.rollback()
 
-    def _peek(self, address: str, db: DbConnection) -> QueueDepth:
+    def _peek(self, address: str, db: DbConnection) -> QueueStats:
         statements = self.dialect.queue_statements(address)
         try:
             depth = int(scalar(db, statements.depth) or 0)
@@ -893,7 +883,7 @@ class SqlTransport:
         finally:
             db.rollback()
         age = _age_seconds(oldest, time.time())
-        return QueueDepth(depth=depth, oldest_age_seconds=age, expired=expired)
+        return QueueStats(depth=depth, oldest_age_seconds=age, expired=expired)
 
 
 def _roll_back(db: DbConnection) -> None:
