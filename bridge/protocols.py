@@ -15,8 +15,8 @@ ReceivedBatch
     Settling twice raises `SettleError`. A `commit()` that raises has left every message of
     the batch at the source (the batch is then settled as failed: nothing may settle it again).
     `reject(envelope, error)` marks a message refused for good: at commit the source moves it
-    to its error queue (see bridge/deadletter.py for the copy), in the same transaction where
-    the source has one.
+    to its error queue (see bridge/nservicebus/deadletter.py for the copy), in the same
+    transaction where the source has one.
 
 Sink
     `send(envelopes, checkpoint)` returns only once the destination has durably accepted every

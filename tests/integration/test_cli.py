@@ -155,7 +155,7 @@ def test_print_sql_for_sql_server_is_runnable_batches(tmp_path: Path) -> None:
     assert result.stdout.startswith(expected)
     rest = result.stdout.removeprefix(expected)
     assert rest.startswith("-- connection local (sqlite)\nCREATE TABLE IF NOT EXISTS")
-    assert rest.count(");\n") == 2  # each SQLite statement ends with one `;`, as before
+    assert rest.count(");\n") == 2  # each SQLite statement ends with one `;`
 
 
 def test_install_send_peek_run_round_trip(routes: Path) -> None:

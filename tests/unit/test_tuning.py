@@ -7,13 +7,14 @@ that tunes itself as `bridge run` does, then runs a route over the in-memory tra
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 from typing import Any
 
-from bridge.service.tuning import GC_YOUNG_THRESHOLD
+from bridge.service.tuning import GC_YOUNG_THRESHOLD, tune_gc
 
 ROUTE = """
 import asyncio, gc, hashlib, json
@@ -111,3 +112,15 @@ def test_a_route_moves_the_same_messages_tuned_and_untuned() -> None:
         ["x-twice", "2"],
         ["Shop.Bridged", "true"],
     ]
+
+
+def test_tune_gc_freezes_what_lives_and_collects_young_objects_less_often() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
