@@ -17,6 +17,7 @@ __all__ = [
     "SettleError",
     "TransportError",
     "TransportUnavailable",
+    "UsageError",
 ]
 
 
@@ -82,3 +83,8 @@ class MessagesRejected(MessageRejected):
 
 class SettleError(BridgeError):
     """A batch was committed or aborted twice, or used after it was settled."""
+
+
+class UsageError(BridgeError):
+    """A command was called wrongly (an unknown connection or route, a malformed flag value):
+    the command line, not the config or a transport, is at fault."""

@@ -15,8 +15,8 @@ ReceivedBatch
     Settling twice raises `SettleError`. A `commit()` that raises has left every message of
     the batch at the source (the batch is then settled as failed: nothing may settle it again).
     `reject(envelope, error)` marks a message refused for good: at commit the source moves it
-    to its error queue (see bridge/deadletter.py for the copy), in the same transaction where
-    the source has one.
+    to its error queue (see bridge/nservicebus/deadletter.py for the copy), in the same
+    transaction where the source has one.
 
 Sink
     `send(envelopes, checkpoint)` returns only once the destination has durably accepted every
@@ -25,10 +25,22 @@ Sink
     its index, or None when the destination does not say which: the runner then sends each
     message alone; `MessagesRejected` names several, and says whether the destination accepted
     the others of the call) and never swallows a write failure.
+
+Optional capabilities of a source (the runner checks them with `isinstance`)
+    `Readiness`: `ready` says whether the last empty receive meant an empty source; a Kafka
+    consumer still joining its group, or holding only some partitions of a topic that is not
+    drained, is not ready. A source without it is ready once a receive returned.
+    `ReceivesAhead`: while `receives_ahead` is true the source may hold one more batch while
+    one is in hand (an SQL queue table: a second connection, or the open SQLite transaction);
+    the runner then receives the next batch while it sends the current one.
+    `AnnouncesReceive` (a `ReceivesAhead` source): `receive_begun` resolves once the last
+    receive asked for is about to run on its connection's thread, so the runner can wait for
+    that before a send that holds the interpreter lock for milliseconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -37,12 +49,15 @@ from typing import Protocol, runtime_checkable
 from bridge.envelope import Envelope, PoisonMessage
 
 __all__ = [
+    "AnnouncesReceive",
     "Checkpoint",
     "CheckpointStore",
     "FencedCheckpoint",
     "GroupLag",
     "QueueStats",
+    "Readiness",
     "ReceivedBatch",
+    "ReceivesAhead",
     "Sink",
     "Source",
     "TransactionalSource",
@@ -101,6 +116,31 @@ class Sink(Protocol):
     ) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Readiness(Protocol):
+    """A source that says whether its last empty receive meant an empty source."""
+
+    @property
+    def ready(self) -> bool: ...
+
+
+@runtime_checkable
+class ReceivesAhead(Protocol):
+    """A source that may hold one more batch while one is in hand (asked before each receive)."""
+
+    @property
+    def receives_ahead(self) -> bool: ...
+
+
+@runtime_checkable
+class AnnouncesReceive(ReceivesAhead, Protocol):
+    """A source receiving ahead that says when its receive is about to run on its thread
+    (None before the first receive)."""
+
+    @property
+    def receive_begun(self) -> asyncio.Future[None] | None: ...
 
 
 @runtime_checkable

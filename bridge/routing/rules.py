@@ -10,12 +10,14 @@ from __future__ import annotations
 from bridge.config.models import Route
 from bridge.envelope import Envelope
 
-__all__ = ["ADDRESS_HEADERS", "Translator"]
+__all__ = ["ADDRESS_HEADERS", "HeaderRules"]
 
 ADDRESS_HEADERS = ("NServiceBus.ReplyToAddress", "NServiceBus.FailedQ")
 
 
-class Translator:
+class HeaderRules:
+    """A route's header rules as a function of an envelope; `identity` when there are none."""
+
     def __init__(self, route: Route) -> None:
         self._address_map = dict(route.address_map)
         self._rename = dict(route.headers.rename)

@@ -1,14 +1,14 @@
-"""One route: receive a batch -> drop expired -> translate -> send -> commit, in `concurrency`
-competing loops.
+"""One route: receive a batch -> drop expired -> header rules -> send -> commit, in
+`concurrency` competing loops.
 
 Guarantees
     The source is committed only after `Sink.send` returned, i.e. after the destination durably
     accepted the whole batch; any failure before that aborts the batch, so its messages stay at
     (or return to) the source. Memory is bounded by `concurrency` batches (twice that for a
     source that `receives_ahead`) of at most `batch_size` messages and, after the first, about
-    `batch_bytes` of bodies (see `_Receiver`): a loop does not receive again before its batch is
-    settled, or, receiving ahead, before the batch received ahead is sent, so a slow
-    destination slows the source.
+    `batch_bytes` of bodies (see `bridge.routing.receiver`): a loop does not receive again
+    before its batch is settled, or, receiving ahead, before the batch received ahead is sent,
+    so a slow destination slows the source.
 
 Pipeline
     A loop whose source `receives_ahead` (an SQL queue table: on PostgreSQL or SQL Server on a
@@ -26,7 +26,7 @@ State
     not per batch.
 
 Failures
-    A retriable error (`retriable = True` on the exception) puts the loop into backoff
+    A retriable error (`retriable = True` on the `BridgeError` class) puts the loop into backoff
     (capped exponential, jittered) and it retries on its own. Any other error is retried the same
     way while the service runs, with the route shown as failing; with `stop_on_fatal` (the
     `--until-idle` mode) it stops the route instead, so a drain does not spin forever.
@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 
 from bridge.config.models import Route
 from bridge.envelope import Envelope
-from bridge.errors import MessageRejected, MessagesRejected
-from bridge.protocols import ReceivedBatch, Sink, Source
+from bridge.errors import BridgeError, MessageRejected, MessagesRejected
+from bridge.protocols import Readiness, ReceivedBatch, Sink, Source
+from bridge.routing.receiver import Receiver
 from bridge.routing.retry import Backoff
-from bridge.routing.rules import Translator
+from bridge.routing.rules import HeaderRules
 from bridge.telemetry.metrics import Metrics, RouteMetrics
 from bridge.telemetry.tracing import RouteTracing
 
@@ -98,7 +99,7 @@ class RouteRunner:
         self._poll_timeout = poll_timeout
         self._stop_on_fatal = stop_on_fatal
         self._probe = probe
-        self._translate = Translator(route)
+        self._rules = HeaderRules(route)
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
@@ -166,7 +167,7 @@ class RouteRunner:
         backoff = Backoff()
         reached = self._probe is None
         route = self.route
-        receiver = _Receiver(source, route.batch_size, route.batch_bytes, self._poll_timeout)
+        receiver = Receiver(source, route.batch_size, route.batch_bytes, self._poll_timeout)
         try:
             while not self._stopping.is_set():
                 try:
@@ -178,7 +179,8 @@ class RouteRunner:
                     backoff.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
                     aborted, self._in_hand[index] = self._in_hand[index], 0
-                    if not getattr(exc, "retriable", False) and self._stop_on_fatal:
+                    retriable = isinstance(exc, BridgeError) and exc.retriable
+                    if not retriable and self._stop_on_fatal:
                         self.fatal = exc
                         self._set_state("failed")
                         self.stop()
@@ -192,10 +194,10 @@ class RouteRunner:
     def _mark_polled(self, index: int, source: Source) -> None:
         """Track whether each loop's last receive really looked at an empty source.
 
-        A source may say otherwise through `ready` (a Kafka consumer still joining its group,
-        or holding only some partitions of a topic that is not drained).
+        A source may say otherwise through `Readiness` (a Kafka consumer still joining its
+        group, or holding only some partitions of a topic that is not drained).
         """
-        if getattr(source, "ready", True):
+        if not isinstance(source, Readiness) or source.ready:
             self._not_ready.discard(index)
             if not self._not_ready and self._polled_at is None:
                 self._polled_at = time.monotonic()
@@ -203,7 +205,7 @@ class RouteRunner:
             self._not_ready.add(index)
             self._polled_at = None
 
-    async def _forward_one_batch(self, index: int, receiver: _Receiver, sink: Sink) -> None:
+    async def _forward_one_batch(self, index: int, receiver: Receiver, sink: Sink) -> None:
         batch = await receiver.take()
         async with batch:
             if batch.messages or batch.poison or batch.expired:
@@ -280,11 +282,11 @@ class RouteRunner:
         it says it accepted the rest (`MessagesRejected.rest_accepted`), the rest is not sent
         again.
         """
-        if self._translate.identity and not self.tracing.enabled:
+        if self._rules.identity and not self.tracing.enabled:
             pairs = [(original, original) for original in originals]  # nothing to rewrite
         else:
             forward = self.tracing.forward
-            pairs = [(original, forward(self._translate(original))) for original in originals]
+            pairs = [(original, forward(self._rules(original))) for original in originals]
         while True:
             try:
                 if pairs or batch.checkpoint:
@@ -353,73 +355,6 @@ class RouteRunner:
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-
-
-class _Receiver:
-    """One loop's receives. From a source that `receives_ahead`, the next batch is received
-    while the loop sends the current one; the loop still sends and settles batches one at a
-    time, in the order they were received, and a batch received ahead of a failed one is
-    returned to the source.
-
-    How many messages a receive asks for: `batch_size`, cut so that a batch holds about
-    `batch_bytes` of bodies at the average body size of the last batch that had messages
-    (never below 1). Until a batch has shown the sizes, at most `FIRST_BATCH`: a queue of
-    large messages costs a first batch no more memory than the old default of 100 did.
-    """
-
-    FIRST_BATCH = 100
-
-    def __init__(self, source: Source, max_messages: int, max_bytes: int, timeout: float) -> None:
-        self._source = source
-        self._max_messages = max_messages
-        self._max_bytes = max_bytes
-        self._count = min(max_messages, self.FIRST_BATCH)
-        self._timeout = timeout
-        self._task: asyncio.Task[ReceivedBatch] | None = None
-
-    def _sized(self, batch: ReceivedBatch) -> ReceivedBatch:
-        messages = batch.messages
-        if messages:
-            average = max(1, sum(len(m.body) for m in messages) // len(messages))
-            self._count = max(1, min(self._max_messages, self._max_bytes // average))
-        return batch
-
-    async def receive_ahead(self) -> None:
-        # Asked each time: a SQLite source receives ahead only while its transaction has room.
-        if getattr(self._source, "receives_ahead", False):
-            task = self._task = asyncio.create_task(
-                self._source.receive_batch(self._count, self._timeout)
-            )
-            # Let the receive reach its database thread now: the send that follows lays out
-            # its records without yielding (10-15 ms for a batch of 500), and the receive would
-            # otherwise start only when the send first waits, and end after it. Where the
-            # source says when its thread is about to run the receive's statement, wait for
-            # that too: a thread that needs the interpreter lock on its way there while the
-            # send holds it waits for it (up to the 5 ms switch interval, each time).
-            await asyncio.sleep(0)
-            begun = getattr(self._source, "receive_begun", None)
-            if begun is not None and not begun.done() and not task.done():
-                await asyncio.wait([begun, task], return_when=asyncio.FIRST_COMPLETED)
-
-    async def take(self) -> ReceivedBatch:
-        task, self._task = self._task, None
-        if task is None:
-            return self._sized(await self._source.receive_batch(self._count, self._timeout))
-        return self._sized(await task)
-
-    async def discard(self) -> None:
-        """Stop the receive ahead, or return the batch it took."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait([task])
-        if task.cancelled() or task.exception() is not None:
-            return  # nothing taken (a cancelled receive rolls its own transaction back)
-        try:
-            await task.result().abort()
-        except Exception as exc:  # the source returns what it held when its connection goes
-            log.debug("returning a batch received ahead failed: %s", exc)
 
 
 async def _close(source: Source, sink: Sink) -> None:

@@ -1,1 +1,2 @@
-"""The running service: routes of one process, worker processes, the HTTP server, tuning."""
+"""The running service: how `bridge run` starts (launch), the routes of one process
+(supervisor), worker processes (workers), the HTTP server (http), process tuning (tuning)."""

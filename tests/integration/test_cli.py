@@ -63,6 +63,29 @@ def test_check_accepts_a_good_file(routes: Path) -> None:
     assert "OK (3 connections, 2 routes)" in result.stdout
 
 
+def test_common_options_go_before_or_after_the_command_and_after_wins(
+    routes: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text("connections: {}\nroutes: []\n")
+    before = bridge("-c", str(routes), "check")
+    assert before.returncode == 0, before.stderr
+    assert before.stdout == f"{routes}: OK (3 connections, 2 routes)\n"
+    both = bridge("-c", str(routes), "check", "-c", str(other))
+    assert both.returncode == 0, both.stderr
+    assert both.stdout == f"{other}: OK (0 connections, 0 routes)\n"
+    bad_level = bridge("--log-level", "LOUD", "check", "-c", str(routes))
+    assert bad_level.returncode == 2 and "unknown --log-level 'LOUD'" in bad_level.stderr
+    fixed = bridge("--log-level", "LOUD", "check", "--log-level", "INFO", cwd=routes.parent)
+    assert fixed.returncode == 0, fixed.stderr
+
+
+def test_the_config_is_routes_yaml_unless_named(routes: Path) -> None:
+    result = bridge("check", cwd=routes.parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "routes.yaml: OK (3 connections, 2 routes)\n"
+
+
 def test_bad_config_exits_2_with_its_location(routes: Path) -> None:
     routes.write_text(routes.read_text().replace("queue: Sales}", "queue: Sales, colour: red}"))
     result = bridge("check", "-c", str(routes))
@@ -132,7 +155,7 @@ def test_print_sql_for_sql_server_is_runnable_batches(tmp_path: Path) -> None:
     assert result.stdout.startswith(expected)
     rest = result.stdout.removeprefix(expected)
     assert rest.startswith("-- connection local (sqlite)\nCREATE TABLE IF NOT EXISTS")
-    assert rest.count(");\n") == 2  # each SQLite statement ends with one `;`, as before
+    assert rest.count(");\n") == 2  # each SQLite statement ends with one `;`
 
 
 def test_install_send_peek_run_round_trip(routes: Path) -> None:
@@ -294,3 +317,44 @@ def test_until_idle_exits_1_at_once_when_a_route_fails_for_good(
     assert "route local-to-shop failed: postgresql connection 'shop'" in run.stderr
     assert reason in run.stderr
     assert json.loads(bridge("peek", "local", "Sales", "--json", *config).stdout)["depth"] == 25
+
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_VARIABLES = ("SHOP_DSN", "KAFKA_BOOTSTRAP_SERVERS", "RABBITMQ_URL")
+
+
+def test_the_shipped_routes_yaml_checks_and_holds_the_routes_it_describes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bridge.config.loader import load_config
+
+    for name in EXAMPLE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    result = bridge("check", cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "routes.yaml: OK (3 connections, 3 routes)\n"
+    # the one warning: the local RabbitMQ login in the URL's default
+    assert result.stderr.count("warning:") == 1 and "connection 'broker'" in result.stderr
+
+    config = load_config(str(REPO / "routes.yaml")).config
+    where = {"type", "dsn", "bootstrap_servers", "url"}  # each connection's defaults
+    assert {name: c.model_dump(include=where) for name, c in config.connections.items()} == {
+        "shop": {"type": "postgresql", "dsn": "postgresql://postgres@127.0.0.1:5432/test"},
+        "events": {"type": "kafka", "bootstrap_servers": "127.0.0.1:9092"},
+        "broker": {"type": "rabbitmq", "url": "amqp://guest:guest@127.0.0.1:5672/%2F"},
+    }
+    assert config.http is not None and config.http.port == 8080
+    assert [
+        (r.name, r.from_.connection, r.from_.address, r.from_.group, r.to.connection, r.to.address)
+        for r in config.routes
+    ] == [
+        ("sales-to-kafka", "shop", "Sales", None, "events", "sales"),
+        ("sales-to-billing", "events", "sales", "shop-billing", "shop", "Billing"),
+        ("shipping-to-rabbitmq", "shop", "Shipping", None, "broker", "Shipping"),
+    ]
+    assert [r.error_queue_name for r in config.routes] == ["error", "sales-errors", "bridge.error"]
+    billing = config.routes[1]
+    assert billing.concurrency == 2
+    assert billing.address_map == {"Sales@[dbo]@[shop]": '"public"."Sales"'}
+    assert billing.headers.rename == {"x-tenant": "Shop.TenantId"}
+    assert billing.headers.drop == ["x-debug"] and billing.headers.set == {"Shop.Bridged": "true"}

@@ -1,4 +1,5 @@
-"""bridge.service.tuning: the heap keeps what a batch's buffers freed once `tune()` ran (glibc).
+"""bridge.service.tuning: the heap keeps what a batch's buffers freed once `tune_allocator()`
+ran (glibc).
 
 Each case runs in a fresh interpreter, whose allocator nothing has tuned yet, and makes what
 aiokafka makes for one produce request: six buffers of about 800 KB held together (each join a

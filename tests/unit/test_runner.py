@@ -533,22 +533,6 @@ async def test_one_warning_per_batch_sent_to_the_error_queue(
     assert line["failed"] == 4 and line["level"] == "warning"
 
 
-def test_tune_gc_freezes_what_lives_and_collects_young_objects_less_often() -> None:
-    import gc
-
-    from bridge.service.tuning import GC_YOUNG_THRESHOLD, tune_gc
-
-    before = gc.get_threshold()
-    try:
-        tune_gc()
-        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
-        assert gc.get_freeze_count() > 0
-        assert gc.isenabled()
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
-
-
 class BegunSource:
     """A memory source whose receives say when they have begun, as an SQL source's thread
     does (`receive_begun`): each one begins `delay` seconds after it is asked for, or, with

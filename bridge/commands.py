@@ -1,0 +1,290 @@
+"""What each `bridge` command does, called by `bridge.cli` with the parsed options.
+
+Each command loads the config, does its work, prints for the user and returns the exit code;
+a wrong call raises `UsageError`. Every connection's secrets are given to the redactor as the
+config is loaded, so nothing printed afterwards shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bridge.config.loader import LoadedConfig, load_config
+from bridge.config.models import BridgeConfig
+from bridge.errors import BridgeError, UsageError
+from bridge.nservicebus.messages import endpoint_message
+from bridge.nservicebus.wireformat import parse_timespan
+from bridge.protocols import QueueStats, Transport
+from bridge.telemetry.redact import redactor
+from bridge.transports import load
+
+__all__ = ["check", "install", "migrate", "peek", "report", "run", "send"]
+
+#: Messages `send` hands the sink per call.
+SEND_CHUNK = 1000
+
+
+def load_routes(path: str, *, offline: bool = False) -> LoadedConfig:
+    """The config at `path`, its warnings printed and its secrets known to the redactor.
+
+    `offline`: nothing will connect, so no credentials are needed, only names.
+    """
+    loaded = load_config(path, offline=offline)
+    for warning in loaded.warnings:
+        print(warning, file=sys.stderr)
+    for connection in loaded.config.connections.values():
+        for attr in ("dsn", "url"):
+            value = getattr(connection, attr, None)
+            if isinstance(value, str):
+                redactor.add_from_dsn(value)
+        redactor.add([getattr(connection, "sasl_password", None)])
+    return loaded
+
+
+def addresses(config: BridgeConfig, names: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Every address each connection needs: sources, destinations and error queues."""
+    needed: dict[str, list[str]] = {}
+    for route in config.routes:
+        if names and route.name not in names:
+            continue
+        for connection, address in (
+            (route.from_.connection, route.from_.address),
+            (route.to.connection, route.to.address),
+            (route.from_.connection, route.error_queue_name),
+        ):
+            bucket = needed.setdefault(connection, [])
+            if address not in bucket:
+                bucket.append(address)
+    return needed
+
+
+def _known_connection(config: BridgeConfig, name: str) -> None:
+    if name not in config.connections:
+        known = ", ".join(sorted(config.connections)) or "none"
+        raise UsageError(f"no connection named {name!r} in the config (known: {known})")
+
+
+def _transport(config: BridgeConfig, name: str) -> Transport:
+    _known_connection(config, name)
+    return load(name, config.connections[name])
+
+
+async def check(config_path: str, *, connect: bool) -> int:
+    """Validate the config; with `connect`, reach every connection and each address it needs."""
+    config = load_routes(config_path).config
+    print(f"{config_path}: OK ({len(config.connections)} connections, {len(config.routes)} routes)")
+    if not connect:
+        return 0
+    failures = 0
+    for name, needed in addresses(config).items():
+        transport = _transport(config, name)
+        try:
+            warnings = await transport.check(needed)
+        except BridgeError as exc:
+            failures += 1
+            print(f"{name}: FAILED: {exc}")
+            continue
+        finally:
+            await transport.close()
+        print(f"{name}: OK ({', '.join(needed)})")
+        for warning in warnings:
+            print(f"{name}: warning: {warning}")
+    return 1 if failures else 0
+
+
+async def install(config_path: str, *, print_only: bool) -> int:
+    """Create what every route needs, or with `print_only` print each transport's statements."""
+    config = load_routes(config_path, offline=print_only).config
+    for name, needed in addresses(config).items():
+        transport = _transport(config, name)
+        try:
+            statements = await transport.install(needed, print_only=print_only)
+        finally:
+            await transport.close()
+        if print_only:
+            print(f"-- connection {name} ({config.connections[name].type})")
+            for statement in statements:  # each transport's own runnable form
+                print(statement + "\n")
+        else:
+            print(f"{name}: installed {', '.join(needed)}")
+    return 0
+
+
+def parse_headers(pairs: Sequence[str]) -> list[tuple[str, str]]:
+    """`--header NAME=VALUE` options as header pairs, in order."""
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--header takes NAME=VALUE, got {pair!r}")
+        out.append((name, value))
+    return out
+
+
+def read_body(spec: str) -> bytes:
+    """`--body`: the text itself, or `@FILE` for a file's bytes."""
+    if spec.startswith("@"):
+        try:
+            return Path(spec[1:]).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read body file {spec[1:]!r}: {exc.strerror}") from None
+    return spec.encode("utf-8")
+
+
+async def send(
+    config_path: str,
+    connection: str,
+    queue: str,
+    *,
+    headers: Sequence[str],
+    body: str,
+    ttl: str | None,
+    count: int,
+) -> int:
+    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`."""
+    config = load_routes(config_path).config
+    if count < 1:
+        raise UsageError("--count must be at least 1")
+    if ttl is not None:
+        try:
+            parse_timespan(ttl)
+        except ValueError:
+            raise UsageError(f"--ttl takes a TimeSpan like 00:00:30, got {ttl!r}") from None
+    extra = parse_headers(headers)
+    content = read_body(body)
+    transport = _transport(config, connection)
+    try:
+        sink = transport.sink(queue)
+        sent = 0
+        while sent < count:
+            size = min(SEND_CHUNK, count - sent)
+            await sink.send([endpoint_message(content, extra, ttl) for _ in range(size)])
+            sent += size
+        await sink.close()
+    finally:
+        await transport.close()
+    print(f"sent {sent} message{'s' if sent != 1 else ''} to {connection}/{queue}")
+    return 0
+
+
+def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: bool) -> str:
+    """What `peek` prints: one JSON object, or a few lines for people."""
+    if as_json:
+        return json.dumps(
+            {
+                "connection": connection,
+                "queue": queue,
+                "depth": stats.depth,
+                "oldest_age_seconds": stats.oldest_age_seconds,
+                "expired": stats.expired,
+            }
+        )
+    age = stats.oldest_age_seconds
+    return "\n".join(
+        [
+            f"{connection}/{queue}",
+            f"  depth:   {stats.depth}",
+            f"  oldest:  {'-' if age is None else f'{age:.1f} s'}",
+            f"  expired: {stats.expired}",
+        ]
+    )
+
+
+async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) -> int:
+    """Print a queue's depth, its oldest message's age and how many expired."""
+    config = load_routes(config_path).config
+    transport = _transport(config, connection)
+    try:
+        stats = await transport.peek(queue)
+    finally:
+        await transport.close()
+    print(describe_stats(connection, queue, stats, as_json=as_json))
+    return 0
+
+
+async def run(
+    config_path: str,
+    *,
+    log_level: str,
+    log_format: str,
+    routes: Sequence[str],
+    until_idle: float | None,
+    workers: int,
+    worker_index: int | None,
+    worker_fd: int | None,
+) -> int:
+    """Run the routes (those named in `routes`, else all) until stopped or idle."""
+    from bridge.service.launch import RunOptions
+    from bridge.service.launch import run as launch
+
+    config = load_routes(config_path).config
+    unknown = [name for name in routes if name not in {r.name for r in config.routes}]
+    if unknown:
+        raise UsageError(f"no route named {unknown[0]!r} in {config_path}")
+    options = RunOptions(
+        config_path=config_path,
+        log_level=log_level,
+        log_format=log_format,
+        routes=tuple(routes),
+        until_idle=until_idle,
+        workers=workers,
+        worker_index=worker_index,
+        worker_fd=worker_fd,
+    )
+    return await launch(config, options)
+
+
+async def migrate(config_path: str, route: str, *, master: str, partitions: int | None) -> int:
+    """Bulk-move one route's messages with PySpark and print what moved."""
+    load_routes(config_path)
+    from bridge.migrate import require_spark
+
+    require_spark("migrate")
+    from bridge.migrate.driver import MigrationFailed
+    from bridge.migrate.driver import migrate as migrate_route
+    from bridge.migrate.spec import JobSpec
+
+    spec = JobSpec.from_file(config_path, route)
+    try:
+        summary = await migrate_route(spec, master=master, partitions=partitions)
+    except MigrationFailed as exc:
+        if exc.summary is not None:  # how far it got, before the error line
+            print(exc.summary.describe(), flush=True)
+        raise
+    print(summary.describe())
+    return 0
+
+
+async def report(
+    config_path: str,
+    connection: str,
+    queues: Sequence[str],
+    *,
+    output: str,
+    top: int,
+    master: str,
+    partitions: int | None,
+) -> int:
+    """Print what queue tables hold (`output`: table, json or csv), read-only with PySpark."""
+    config = load_routes(config_path).config
+    _known_connection(config, connection)
+    from bridge.migrate import require_spark
+
+    require_spark("report")
+    from bridge.migrate.render import render
+    from bridge.migrate.report import build_report
+    from bridge.migrate.spec import ShippedConfig
+
+    built = await build_report(
+        ShippedConfig.read(config_path),
+        connection,
+        list(queues),
+        top=top,
+        master=master,
+        partitions=partitions,
+    )
+    print(render(built, output), end="")
+    return 0
