@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from bridge import cli
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope
 from bridge.protocols import Transport
@@ -53,7 +54,8 @@ def _step(text: str) -> None:
 def _command(config: Path, *args: str) -> None:
     shown = " ".join(args)
     print(f"$ bridge {shown} -c {config}", flush=True)
-    code = cli.main([*args, "-c", str(config), "--log-level", "WARNING"])
+    command = [sys.executable, "-m", "bridge", *args, "-c", str(config), "--log-level", "WARNING"]
+    code = subprocess.run(command, check=False).returncode  # noqa: S603 (our own command)
     if code != 0:
         raise SystemExit(code)
 
