@@ -2,7 +2,7 @@
 task does with its range.
 
 The runner is the service's, with one loop (Spark provides the parallelism): it drops expired
-messages, applies the route's `HeaderRules`, sends, rejects what the destination refuses for
+messages, applies the route's `RouteRules`, sends, rejects what the destination refuses for
 good, and commits the source only after the send returned. The source here is bounded (a SQL
 sequence range, a Kafka partition's offset range): the first receive that comes back empty
 ends the run.

@@ -10,12 +10,12 @@ from __future__ import annotations
 from bridge.config.models import Route
 from bridge.envelope import Envelope
 
-__all__ = ["ADDRESS_HEADERS", "HeaderRules"]
+__all__ = ["ADDRESS_HEADERS", "RouteRules"]
 
 ADDRESS_HEADERS = ("NServiceBus.ReplyToAddress", "NServiceBus.FailedQ")
 
 
-class HeaderRules:
+class RouteRules:
     """A route's header rules as a function of an envelope; `identity` when there are none."""
 
     def __init__(self, route: Route) -> None:

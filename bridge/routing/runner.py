@@ -52,7 +52,7 @@ from bridge.errors import BridgeError, MessageRejected, MessagesRejected
 from bridge.protocols import Readiness, ReceivedBatch, Sink, Source
 from bridge.routing.receiver import Receiver
 from bridge.routing.retry import Backoff
-from bridge.routing.rules import HeaderRules
+from bridge.routing.rules import RouteRules
 from bridge.telemetry.metrics import Metrics, RouteMetrics
 from bridge.telemetry.tracing import RouteTracing
 
@@ -99,7 +99,7 @@ class RouteRunner:
         self._poll_timeout = poll_timeout
         self._stop_on_fatal = stop_on_fatal
         self._probe = probe
-        self._rules = HeaderRules(route)
+        self._rules = RouteRules(route)
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
