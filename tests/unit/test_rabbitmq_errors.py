@@ -15,7 +15,7 @@ from pika.adapters.utils.connection_workflow import (
 
 from bridge.errors import MessageRejected, TransportError, TransportUnavailable
 from bridge.transports.rabbitmq.connection import Done, _Publish
-from bridge.transports.rabbitmq.errors import oversized_body, rabbitmq_errors, reply_code, translate
+from bridge.transports.rabbitmq.errors import oversized_body, reply_code, translate, translated
 
 WHERE = "rabbitmq connection 'rabbit'"
 
@@ -97,9 +97,9 @@ def test_encoding_failures_reject_the_message_when_its_index_is_known() -> None:
 def test_bridge_errors_pass_through_and_other_bugs_propagate() -> None:
     original = MessageRejected("no", index=1)
     assert translate(original, WHERE) is original
-    with pytest.raises(TransportUnavailable), rabbitmq_errors(WHERE):
+    with pytest.raises(TransportUnavailable), translated(WHERE):
         raise amqp.StreamLostError("lost")
-    with pytest.raises(KeyError), rabbitmq_errors(WHERE):
+    with pytest.raises(KeyError), translated(WHERE):
         raise KeyError("a bug stays a bug")
 
 
