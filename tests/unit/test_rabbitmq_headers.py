@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.transports.rabbitmq import headers as amqp_headers
+from bridge.transports.rabbitmq.deadletter import error_properties
 from bridge.transports.rabbitmq.headers import (
     CONTENT_TYPE,
     CORRELATION_ID,
@@ -28,7 +29,6 @@ from bridge.transports.rabbitmq.headers import (
     NON_PERSISTENT,
     REPLY_TO,
     TIME_SENT,
-    error_properties,
     from_amqp,
     poison_from_amqp,
     to_amqp,

@@ -49,12 +49,9 @@ from __future__ import annotations
 
 import decimal
 import functools
-import hashlib
 import json
 import math
 import struct
-import uuid
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -79,12 +76,11 @@ __all__ = [
     "FRAME_MAX",
     "LAYOUT",
     "NON_PERSISTENT",
-    "POISON_ID_NAMESPACE",
     "REPLY_TO",
     "TIME_SENT",
-    "error_properties",
     "from_amqp",
     "poison_from_amqp",
+    "readable_text",
     "to_amqp",
 ]
 
@@ -101,9 +97,6 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 #: AMQP's default (and RabbitMQ's) largest frame; the properties must fit in one.
 FRAME_MAX = 131_072
-
-#: Fixed forever: the id an error-queue copy of a message without any id gets.
-POISON_ID_NAMESPACE = uuid.UUID("3c1f7e52-9a4d-5b8e-a2f6-7d0c4e9b1a38")
 
 _STRIPPED = frozenset({"x-delivery-count", DELAY_IN_SECONDS, CONFIRMATION_ID})
 _STRIPPED_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
@@ -484,7 +477,8 @@ def _expires_at(properties: pika.BasicProperties, items: dict[str, str | None]) 
     return sent + lifetime.total_seconds()
 
 
-def _readable(value: object) -> str | None:
+def readable_text(value: object) -> str | None:
+    """A field value as text, for messages and logs: never raises."""
     try:
         return _text(value)
     except HeadersFormatError:
@@ -505,8 +499,8 @@ def poison_from_amqp(
     readable: dict[str, str | None] = {}
     for name, value in (properties.headers or {}).items():
         key = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
-        readable[key] = _readable(value)
-    native = _readable(properties.message_id)
+        readable[key] = readable_text(value)
+    native = readable_text(properties.message_id)
     if MESSAGE_ID not in readable and native:
         readable[MESSAGE_ID] = native
     return PoisonMessage(
@@ -517,47 +511,3 @@ def poison_from_amqp(
         native_id=native,
         headers=Headers(readable.items()),
     )
-
-
-def error_properties(
-    properties: pika.BasicProperties, body: bytes, failure: Sequence[tuple[str, str]]
-) -> pika.BasicProperties:
-    """The properties of a poison message's error-queue copy: every original property and header
-    unchanged but `expiration`, the failure headers ServiceControl reads added (replacing older
-    ones), and, when the message has no id at all, a deterministic one (uuid5 of its body and
-    headers) as both `message_id` and `NServiceBus.MessageId`, so ServicePulse can show and
-    retry it. An error-queue copy never expires (NServiceBus sends it without a time to be
-    received): with the original `expiration` it would vanish from the error queue unseen.
-    """
-    table: dict[str | bytes, object] = dict(properties.headers or {})
-    message_id = properties.message_id
-    if not message_id and not _readable(table.get(MESSAGE_ID)):
-        digest = hashlib.sha256(body)
-        digest.update(repr(sorted((repr(k), repr(v)) for k, v in table.items())).encode())
-        message_id = str(uuid.uuid5(POISON_ID_NAMESPACE, digest.hexdigest()))
-        table[MESSAGE_ID] = message_id
-    table.update(failure)
-    copy = pika.BasicProperties(
-        **{name: getattr(properties, name) for name in _PROPERTY_NAMES},
-    )
-    copy.headers = table
-    copy.message_id = message_id
-    copy.expiration = None
-    return copy
-
-
-_PROPERTY_NAMES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)

@@ -23,14 +23,14 @@ Guarantees
 Poison
     A message `headers.from_amqp` cannot read (no message id at all, a header or property that
     is not UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is
-    published to `error_queue` (default `bridge.error`, same broker, a connection of its own
-    opened when first needed, publisher confirms) byte for byte: body, properties and headers
-    unchanged, plus the failure headers ServiceControl reads (`bridge.nservicebus.deadletter`)
-    and, when it has no id at all, a deterministic one; only `expiration` is dropped (an
-    error-queue copy never expires). Messages the runner rejected with `batch.reject` go there
-    as `bridge.nservicebus.deadletter.error_copy` makes them (without a time to live either).
-    Only then is the batch acknowledged: a crash in between leaves a duplicate in the error
-    queue, never a loss.
+    published to `error_queue` (default `bridge.error`) byte for byte: body, properties and
+    headers unchanged, plus the failure headers ServiceControl reads
+    (`bridge.nservicebus.deadletter`) and, when it has no id at all, a deterministic one; only
+    `expiration` is dropped (an error-queue copy never expires). Messages the runner rejected
+    with `batch.reject` go there as `bridge.nservicebus.deadletter.error_copy` makes them
+    (without a time to live either). `deadletter.py` publishes them, with publisher confirms,
+    on a connection of its own. Only then is the batch acknowledged: a crash in between leaves
+    a duplicate in the error queue, never a loss.
     An error queue that does not take the copies (missing: `TransportError`; the broker nacks
     them, e.g. a full queue with `x-overflow: reject-publish`: `TransportUnavailable`) fails
     the commit, and the batch's deliveries go back to the queue before it raises, as `abort()`
@@ -54,34 +54,24 @@ import pika
 
 from bridge.batch import Batch, Rejected
 from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError, MessageRejected, TransportError, TransportUnavailable
-from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy, failure_headers
+from bridge.errors import HeadersFormatError, TransportUnavailable
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.transports.rabbitmq.config import (
-    CONFIRM_TIMEOUT,
     DELIVERY_PAUSE,
     GATHER_LIMIT,
     RabbitMQConnection,
     describe,
-    publish_route,
 )
-from bridge.transports.rabbitmq.connection import Done, Link, Message, parameters
-from bridge.transports.rabbitmq.headers import (
-    error_properties,
-    from_amqp,
-    poison_from_amqp,
-    to_amqp,
-)
+from bridge.transports.rabbitmq.connection import Done, Link, parameters
+from bridge.transports.rabbitmq.deadletter import ErrorQueue
+from bridge.transports.rabbitmq.headers import from_amqp, poison_from_amqp
 from bridge.transports.rabbitmq.inbox import Delivery, Inbox
 
 __all__ = ["RabbitMQSource"]
 
-
 log = logging.getLogger("bridge.rabbitmq")
 
-_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
 _MAX_PREFETCH = 65_535  # basic.qos prefetch-count is a short
-
-
 _CONSUMERS = itertools.count(1)
 
 
@@ -110,7 +100,9 @@ class RabbitMQSource:
         self._name = name
         self._where = f"{describe(name)}, queue {address!r}"
         self._link = Link(parameters(config, name, "source"), self._where)
-        self._errors: Link | None = None
+        self._errors = ErrorQueue(
+            config, name, address, self.error_queue, frame_max=self._link.frame_max
+        )
         self._inbox: Inbox | None = None
         self._consumer: _Consumer | None = None
         self._prefetch = 0
@@ -138,20 +130,20 @@ class RabbitMQSource:
         # From here to the return nothing awaits: a cancelled receive never holds deliveries.
         deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []
-        poison: list[tuple[PoisonMessage, Delivery]] = []
+        poison: list[tuple[PoisonMessage, pika.BasicProperties, bytes]] = []
         for delivery in deliveries:
             try:
                 messages.append(from_amqp(delivery.properties, delivery.body))
             except HeadersFormatError as exc:
                 item = poison_from_amqp(delivery.properties, delivery.body, exc)
-                poison.append((item, delivery))
+                poison.append((item, delivery.properties, delivery.body))
         held = _Held(consumer, [d.tag for d in deliveries])
         self._held.append(held)
         rejected: list[Rejected] = []
 
         async def commit() -> None:
             try:
-                await self._move_to_error_queue(poison, rejected)
+                await self._errors.copy(poison, rejected)
             except BaseException:
                 # Not acknowledged, so not committed: the deliveries go back now. Left unsettled
                 # on the channel, the next batch's multiple-ack would acknowledge them too.
@@ -170,7 +162,7 @@ class RabbitMQSource:
 
         return Batch(
             messages,
-            poison=[item for item, _ in poison],
+            poison=[item for item, _, _ in poison],
             on_commit=commit,
             on_abort=abort,
             rejected=rejected,
@@ -308,48 +300,6 @@ class RabbitMQSource:
         epoch = self._link.epoch
         self._held = [h for h in self._held if h is not held and h.consumer.epoch == epoch]
 
-    # -- error queue -------------------------------------------------------------------------
-
-    async def _move_to_error_queue(
-        self, poison: list[tuple[PoisonMessage, Delivery]], rejected: list[Rejected]
-    ) -> None:
-        copies: list[Message] = []
-        for item, delivery in poison:
-            failure = failure_headers(item.reason, self.address, exception_type=item.exception_type)
-            properties = error_properties(delivery.properties, delivery.body, failure)
-            copies.append((properties, delivery.body))
-        copies.extend(self._rejected_copy(r) for r in rejected)
-        if not copies:
-            return
-        if self._errors is None:
-            params = parameters(self._config, self._name, "errors")
-            where = f"{describe(self._name)}, error queue {self.error_queue!r}"
-            self._errors = Link(params, where, confirm=True)
-        exchange, routing_key = publish_route(self._config, self.error_queue)
-        outcome = await self._errors.publish(exchange, routing_key, copies, timeout=CONFIRM_TIMEOUT)
-        if outcome.returned:
-            raise TransportError(
-                f"{self._errors.where}: no queue takes its messages {outcome.return_text}; "
-                "run `bridge install`"
-            )
-        if outcome.nacked:
-            raise TransportUnavailable(
-                f"{self._errors.where}: the broker refused {outcome.nacked} error-queue copies"
-            )
-
-    def _rejected_copy(self, rejected: Rejected) -> Message:
-        copy = error_copy(rejected.envelope, rejected.error, self.address)
-        frame_max = self._link.frame_max
-        try:
-            return to_amqp(copy, time.time(), frame_max=frame_max)
-        except MessageRejected:
-            copy.headers.remove(_STACK_TRACE)  # a long stack trace must not block the queue
-        try:
-            return to_amqp(copy, time.time(), frame_max=frame_max)
-        except MessageRejected as exc:
-            raise TransportError(f"{self._where}: cannot write an error-queue copy: {exc}") from exc
-
     async def close(self) -> None:
         await self._link.close()
-        if self._errors is not None:
-            await self._errors.close()
+        await self._errors.close()
