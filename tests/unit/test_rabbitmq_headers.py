@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.transports.rabbitmq import headers as amqp_headers
 from bridge.transports.rabbitmq.deadletter import error_properties
 from bridge.transports.rabbitmq.headers import (
     CONTENT_TYPE,
@@ -125,52 +124,6 @@ def test_null_mapped_headers_stay_null() -> None:
 def test_non_persistent_header_comes_back_as_true_in_its_place() -> None:
     back = round_trip(envelope((NON_PERSISTENT, "True"), ("z", "1")), quorum=True)
     assert back.headers.items() == [(MESSAGE_ID, "id-1"), (NON_PERSISTENT, "True"), ("z", "1")]
-
-
-def pika_encoded(properties: pika.BasicProperties) -> bytes:
-    """The content header properties as pika's own encoder writes them."""
-    plain = pika.BasicProperties(**vars(properties))
-    return b"".join(plain.encode())
-
-
-@given(
-    headers=st.dictionaries(
-        st.text(min_size=1, max_size=70), st.none() | st.text(max_size=300), max_size=12
-    ),
-    expires=st.none() | st.floats(NOW - 10, NOW + 1e6),
-    non_persistent=st.booleans(),
-)
-def test_the_table_to_amqp_encodes_is_the_one_pika_would_write(
-    headers: dict[str, str | None], expires: float | None, non_persistent: bool
-) -> None:
-    items = [(MESSAGE_ID, "id-1"), *headers.items()]
-    if non_persistent:
-        items.append((NON_PERSISTENT, "True"))
-    try:
-        properties, _ = to_amqp(Envelope(Headers(items), b"", expires_at=expires), NOW)
-    except MessageRejected:  # a name over 255 bytes, text that is not UTF-8
-        return
-    assert b"".join(properties.encode()) == pika_encoded(properties)
-
-
-def test_the_kept_field_names_stay_few_when_every_message_has_names_of_its_own() -> None:
-    kept = amqp_headers._FIELD_STARTS_KEPT
-    for i in range(3 * kept):
-        properties, _ = to_amqp(envelope((f"trace-{uuid.uuid4()}", None if i % 2 else "v")), NOW)
-        assert b"".join(properties.encode()) == pika_encoded(properties)
-    assert 0 < len(amqp_headers._STRING_FIELDS) <= kept
-    assert 0 < len(amqp_headers._VOID_FIELDS) <= kept
-    for name in ("n" * 256, "\ud800"):  # not a short string, not UTF-8: refused, not kept
-        with pytest.raises(MessageRejected):
-            to_amqp(envelope((name, "v")), NOW)
-        assert name not in amqp_headers._STRING_FIELDS
-
-
-def test_headers_replaced_after_to_amqp_are_the_ones_written() -> None:
-    properties, _ = to_amqp(envelope(("a", "1")), NOW)
-    properties.headers = {MESSAGE_ID: "id-2"}
-    assert b"".join(properties.encode()) == pika_encoded(properties)
-    assert wire(properties).headers == {MESSAGE_ID: "id-2"}
 
 
 # -- what an NServiceBus RabbitMQ endpoint expects -------------------------------------------
