@@ -30,8 +30,8 @@ from bridge.transports.rabbitmq.headers import (
     NON_PERSISTENT,
     REPLY_TO,
     TIME_SENT,
-    from_amqp,
-    to_amqp,
+    incoming,
+    outgoing,
 )
 
 NOW = 1_800_000_000.0
@@ -99,7 +99,7 @@ message_ids = st.one_of(
 
 
 def laid_out(envelope: Envelope, seam: Seam, frame_max: int) -> tuple[object, list[int]]:
-    """What `to_amqp` makes of `envelope` through `seam`: the encoded properties and body, or
+    """What `outgoing` makes of `envelope` through `seam`: the encoded properties and body, or
     the refusal's text; and the sizes the seam reported."""
     sizes: list[int] = []
 
@@ -110,7 +110,7 @@ def laid_out(envelope: Envelope, seam: Seam, frame_max: int) -> tuple[object, li
 
     with mock.patch.object(amqp_headers, "sized_properties", recording):
         try:
-            properties, body = to_amqp(envelope, NOW, frame_max=frame_max)
+            properties, body = outgoing(envelope, NOW, frame_max=frame_max)
         except MessageRejected as exc:
             return str(exc), sizes
     return (b"".join(properties.encode()), body), sizes
@@ -144,8 +144,8 @@ def test_fast_properties_encode_as_pika_does(
     if isinstance(fast, tuple):
         encoded, sent = fast
         assert fast_sizes == [len(encoded) - 2]  # the size is exact (2: the property flags)
-        back = from_amqp(decoded(encoded), sent)
-        assert back == from_amqp(decoded(plain[0]), sent)  # type: ignore[index]
+        back = incoming(decoded(encoded), sent)
+        assert back == incoming(decoded(plain[0]), sent)  # type: ignore[index]
         assert back.body == body
 
 
@@ -182,7 +182,7 @@ def pika_encoded(properties: pika.BasicProperties) -> bytes:
 def fast(*items: tuple[str, str | None]) -> pika.BasicProperties:
     envelope = Envelope(Headers([(MESSAGE_ID, "id-1"), *items]), b"body")
     with mock.patch.object(amqp_headers, "sized_properties", amqp_table.fast_properties):
-        properties, _ = to_amqp(envelope, NOW)
+        properties, _ = outgoing(envelope, NOW)
     return properties
 
 
@@ -199,7 +199,7 @@ def test_the_kept_field_names_stay_few_when_every_message_has_names_of_its_own()
         assert name not in amqp_table._STRING_FIELDS
 
 
-def test_headers_replaced_after_to_amqp_are_the_ones_written() -> None:
+def test_headers_replaced_after_outgoing_are_the_ones_written() -> None:
     properties = fast(("a", "1"))
     properties.headers = {MESSAGE_ID: "id-2"}
     assert b"".join(properties.encode()) == pika_encoded(properties)

@@ -28,7 +28,7 @@ from bridge.transports.rabbitmq.config import (
     publish_route,
 )
 from bridge.transports.rabbitmq.connection import Link, Message, parameters
-from bridge.transports.rabbitmq.headers import readable_text, to_amqp
+from bridge.transports.rabbitmq.headers import outgoing, readable_text
 
 __all__ = ["POISON_ID_NAMESPACE", "ErrorQueue", "error_properties"]
 
@@ -135,11 +135,11 @@ class ErrorQueue:
     def _rejected_copy(self, rejected: Rejected) -> Message:
         copy = error_copy(rejected.envelope, rejected.error, self._failed_q)
         try:
-            return to_amqp(copy, time.time(), frame_max=self._frame_max)
+            return outgoing(copy, time.time(), frame_max=self._frame_max)
         except MessageRejected:
             copy.headers.remove(_STACK_TRACE)  # a long stack trace must not block the queue
         try:
-            return to_amqp(copy, time.time(), frame_max=self._frame_max)
+            return outgoing(copy, time.time(), frame_max=self._frame_max)
         except MessageRejected as exc:
             where = f"{describe(self._name)}, queue {self._failed_q!r}"
             raise TransportError(f"{where}: cannot write an error-queue copy: {exc}") from exc

@@ -1,4 +1,4 @@
-"""The AMQP message codec (wire-format §7): `to_amqp` is the inverse of `from_amqp`.
+"""The AMQP message codec (wire-format §7): `outgoing` is the inverse of `incoming`.
 
 Written as an NServiceBus RabbitMQ 11 endpoint writes it: `message_id` = `NServiceBus.MessageId`
 (required: an envelope without one raises `MessageRejected`); `delivery_mode` 2, or 1 when the
@@ -78,10 +78,10 @@ __all__ = [
     "NON_PERSISTENT",
     "REPLY_TO",
     "TIME_SENT",
-    "from_amqp",
-    "poison_from_amqp",
+    "incoming",
+    "incoming_poison",
+    "outgoing",
     "readable_text",
-    "to_amqp",
 ]
 
 CORRELATION_ID = "NServiceBus.CorrelationId"
@@ -113,7 +113,7 @@ _LAYOUT_TEXTS: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
 _LAYOUT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-def to_amqp(
+def outgoing(
     envelope: Envelope, now: float, *, frame_max: int = FRAME_MAX
 ) -> tuple[pika.BasicProperties, bytes]:
     """Lay `envelope` out as an AMQP message sent at `now` (epoch seconds).
@@ -249,7 +249,7 @@ def _overwrite(items: dict[str, str | None], name: str, value: str | None) -> No
         items[name] = value
 
 
-def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
+def incoming(properties: pika.BasicProperties, body: bytes) -> Envelope:
     """The envelope an AMQP message carries; raise HeadersFormatError when it is poison."""
     table: dict[str | bytes, object] = properties.headers or {}
     order, nulls = _layout(table.get(LAYOUT))
@@ -340,10 +340,10 @@ def readable_text(value: object) -> str | None:
         return repr(value)
 
 
-def poison_from_amqp(
+def incoming_poison(
     properties: pika.BasicProperties, body: bytes, error: BaseException
 ) -> PoisonMessage:
-    """The poison message for an AMQP message `from_amqp` refused with `error`.
+    """The poison message for an AMQP message `incoming` refused with `error`.
 
     `headers` is what could be read (bytes decoded with replacement characters) and
     `raw_headers` those as a JSON object; the source keeps the AMQP message itself for the

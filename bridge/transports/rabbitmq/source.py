@@ -21,7 +21,7 @@ Guarantees
     a channel that is gone raises `TransportUnavailable` (its messages come again).
 
 Poison
-    A message `headers.from_amqp` cannot read (no message id at all, a header or property that
+    A message `headers.incoming` cannot read (no message id at all, a header or property that
     is not UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is
     published to `error_queue` (default `bridge.error`) byte for byte: body, properties and
     headers unchanged, plus the failure headers ServiceControl reads
@@ -64,7 +64,7 @@ from bridge.transports.rabbitmq.config import (
 )
 from bridge.transports.rabbitmq.connection import Done, Link, parameters
 from bridge.transports.rabbitmq.deadletter import ErrorQueue
-from bridge.transports.rabbitmq.headers import from_amqp, poison_from_amqp
+from bridge.transports.rabbitmq.headers import incoming, incoming_poison
 from bridge.transports.rabbitmq.inbox import Delivery, Inbox
 
 __all__ = ["RabbitMQSource"]
@@ -133,9 +133,9 @@ class RabbitMQSource:
         poison: list[tuple[PoisonMessage, pika.BasicProperties, bytes]] = []
         for delivery in deliveries:
             try:
-                messages.append(from_amqp(delivery.properties, delivery.body))
+                messages.append(incoming(delivery.properties, delivery.body))
             except HeadersFormatError as exc:
-                item = poison_from_amqp(delivery.properties, delivery.body, exc)
+                item = incoming_poison(delivery.properties, delivery.body, exc)
                 poison.append((item, delivery.properties, delivery.body))
         held = _Held(consumer, [d.tag for d in deliveries])
         self._held.append(held)
