@@ -16,8 +16,9 @@ import pika
 
 from bridge.errors import TransportError
 from bridge.transports.rabbitmq.config import RabbitMQConnection, queue_arguments
-from bridge.transports.rabbitmq.connection import Done, Link, Op
+from bridge.transports.rabbitmq.connection import Link
 from bridge.transports.rabbitmq.errors import reply_code
+from bridge.transports.rabbitmq.handoff import Done, Op
 
 __all__ = [
     "Step",

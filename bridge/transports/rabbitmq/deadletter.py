@@ -27,7 +27,8 @@ from bridge.transports.rabbitmq.config import (
     describe,
     publish_route,
 )
-from bridge.transports.rabbitmq.connection import Link, Message, parameters
+from bridge.transports.rabbitmq.confirms import Message
+from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.headers import outgoing, readable_text
 
 __all__ = ["POISON_ID_NAMESPACE", "ErrorQueue", "error_properties"]

@@ -39,7 +39,8 @@ from bridge.transports.rabbitmq.config import (
     describe,
     publish_route,
 )
-from bridge.transports.rabbitmq.connection import Link, Message, parameters
+from bridge.transports.rabbitmq.confirms import Message
+from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.headers import outgoing
 
 __all__ = ["RabbitMQSink", "encode_batch"]

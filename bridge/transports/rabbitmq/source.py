@@ -62,8 +62,9 @@ from bridge.transports.rabbitmq.config import (
     RabbitMQConnection,
     describe,
 )
-from bridge.transports.rabbitmq.connection import Done, Link, parameters
+from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.deadletter import ErrorQueue
+from bridge.transports.rabbitmq.handoff import Done
 from bridge.transports.rabbitmq.headers import incoming, incoming_poison
 from bridge.transports.rabbitmq.inbox import Delivery, Inbox
 
