@@ -5,9 +5,10 @@ Features
     pika's SelectConnection on a dedicated thread (`connection.py` says why), opened on first
     use and reopened by the next call after a failure. Sinks publish whole batches with
     publisher confirms (`sink.py`); sources consume with prefetch and acknowledge a batch only
-    when it is committed (`source.py`); messages are laid out as `headers.py` says.
+    when it is committed (`source.py`); poison and rejected messages are copied to the error
+    queue before that (`deadletter.py`); messages are laid out as `headers.py` says.
 
-Connection string
+Connection
     `url`: `amqp://user:password@host:port/vhost` (`%2F` is the default vhost `/`) or
     `amqps://`; pika's query options (`heartbeat`, `ssl_options`, ...) are honoured.
 
@@ -23,17 +24,27 @@ Addresses
 
 Administration
     `install` declares each queue durable with its type and, for `conventional`, its exchange
-    and binding; declaring what exists is a no-op (a queue's other `x-` arguments are kept),
-    and a queue that exists with another type raises `TransportError` saying so (RabbitMQ
-    cannot change it). `print_only` returns the
-    declarations without connecting. `check` declares passively and raises `TransportError`
-    naming every missing queue and exchange; a queue of another type is a warning (found by
-    re-declaring the existing queue as it is, which changes nothing). `peek`
-    reports the ready messages (`depth`); RabbitMQ does not tell their age or how many expired.
+    and binding (`admin.py`); declaring what exists is a no-op (a queue's other `x-` arguments
+    are kept), and a queue that exists with another type raises `TransportError` saying so
+    (RabbitMQ cannot change it). `print_only` returns the declarations without connecting.
+    `check` declares passively and raises `TransportError` naming every missing queue and
+    exchange; a queue of another type is a warning (found by re-declaring the existing queue as
+    it is, which changes nothing). `peek` reports the ready messages (`depth`).
 
-Retriable errors
-    See `errors.py`: a broker that is down, restarting or blocked is `TransportUnavailable`;
-    missing queues, refused logins and conflicting declarations are `TransportError`.
+Limits
+    Names, property values and header names are AMQP short strings (255 bytes); properties and
+    headers must fit in one frame (`frame_max`, 128 KiB by default); a body over the broker's
+    `max_message_size` is refused. `peek` cannot tell the age of messages or how many expired:
+    RabbitMQ does not say.
+
+Errors
+    See `errors.py`: a broker that is down, restarting or blocked is `TransportUnavailable`
+    (retriable); missing queues, refused logins and conflicting declarations are
+    `TransportError` (not retriable); a message AMQP cannot carry is `MessageRejected`.
+
+What is lossy
+    See `headers.py`: AMQP properties the mapping does not name, and repeated header names.
+    Expired messages are dropped by RabbitMQ itself.
 """
 
 from __future__ import annotations
