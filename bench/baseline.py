@@ -12,7 +12,7 @@ from bench.legs import KafkaPlace, RabbitPlace, SqlPlace
 from bench.messages import unique
 from bridge.envelope import Envelope, Headers
 from bridge.transports.kafka.headers import to_record
-from bridge.transports.rabbitmq.headers import to_amqp
+from bridge.transports.rabbitmq import headers as amqp_headers
 
 __all__ = ["ONE_BY_ONE"]
 
@@ -70,7 +70,9 @@ async def one_by_one_sql_rabbitmq(source: SqlPlace, destination: RabbitPlace, n:
                 taken = source.take_one(db)
                 assert taken is not None
                 headers, body = taken
-                props, data = to_amqp(Envelope(Headers(headers.items()), body), time.time())
+                props, data = amqp_headers.outgoing(
+                    Envelope(Headers(headers.items()), body), time.time()
+                )
                 channel.basic_publish(destination.address, "", data, props, mandatory=True)
                 db.commit()
             return time.perf_counter() - started

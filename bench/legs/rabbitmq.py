@@ -16,7 +16,7 @@ from bench.messages import NUMBER, WRITTEN_AT, Message, body_of, headers_of
 from bridge.config.models import RabbitMQConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
-from bridge.transports.rabbitmq.headers import to_amqp
+from bridge.transports.rabbitmq.headers import outgoing
 
 __all__ = ["RabbitPlace"]
 
@@ -58,7 +58,7 @@ class RabbitPlace(Place):
     @staticmethod
     def amqp(messages: Sequence[Message]) -> list[tuple[pika.BasicProperties, bytes]]:
         now = time.time()
-        return [to_amqp(Envelope(Headers(h.items()), body), now) for h, body in messages]
+        return [outgoing(Envelope(Headers(h.items()), body), now) for h, body in messages]
 
     def depth(self) -> Callable[[], int]:
         connection = self.blocking()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,7 +19,6 @@ from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import MessageRejected, MessagesRejected, TransportError, TransportUnavailable
 from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
-from bridge.transports.rabbitmq import connection as connection_module
 from bridge.transports.rabbitmq import source as source_module
 from bridge.transports.rabbitmq.headers import LAYOUT, NON_PERSISTENT
 from tests.conftest import unique
@@ -265,37 +263,6 @@ async def test_every_returned_message_of_a_send_is_named_and_the_rest_is_in_the_
     got = [channel.basic_get(queue, auto_ack=True) for _ in range(3)]
     assert [properties.message_id for _, properties, _ in got] == ["id-0", "id-3", "id-6"]
     assert (await transport.peek(queue)).depth == 0
-
-
-async def test_a_batch_goes_to_the_socket_in_few_writes_and_arrives_whole(
-    make: Make, names: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The frames of a published batch are joined before pika writes them (fails when pika no
-    longer buffers its writes where the sink looks for them: every frame would be a send)."""
-    transport = make()
-    queue = names("writes")
-    await transport.install([queue])
-    buffers: list[tuple[list[int], list[int]]] = []
-    coalesce = connection_module._coalesce_writes
-
-    def spy(connection: Any) -> None:
-        before = [len(b) for b in connection._transport._tx_buffers]
-        coalesce(connection)
-        buffers.append((before, [len(b) for b in connection._transport._tx_buffers]))
-
-    monkeypatch.setattr(connection_module, "_coalesce_writes", spy)
-    # Bodies up to 1.05 frames: some messages have two body frames.
-    sent = [
-        Envelope(Headers([(MESSAGE_ID, f"id-{i}")]), bytes([i]) * (i * 1700)) for i in range(80)
-    ]
-    await transport.sink(queue).send(sent)
-    [(before, after)] = buffers
-    assert len(before) >= 2 * len(sent)  # method and header frames at least, body frames too
-    chunk = connection_module._WRITE_CHUNK
-    assert sum(after) == sum(before) and max(after) <= chunk
-    assert all(a + b > chunk for a, b in itertools.pairwise(after))  # none left to join
-    got = await receive(transport.source(queue), len(sent))
-    assert [(e.message_id, e.body) for e in got] == [(e.message_id, e.body) for e in sent]
 
 
 async def test_direct_topology_to_a_missing_queue_rejects(

@@ -17,7 +17,7 @@ from bridge.config.loader import load_config
 from bridge.migrate.driver import migrate
 from bridge.migrate.spec import JobSpec
 from bridge.transports import load
-from bridge.transports.rabbitmq.headers import from_amqp
+from bridge.transports.rabbitmq.headers import incoming
 from tests.conftest import unique
 from tests.spark.conftest import write_routes
 from tests.spark.data import message, pg_insert_raw, pg_poison_raw_headers, pg_rows
@@ -105,4 +105,4 @@ async def test_postgresql_to_rabbitmq_carries_every_header_and_body(
     for envelope in sent:
         properties, body = got[str(envelope.message_id)]
         assert body == envelope.body
-        assert list(from_amqp(properties, body).headers) == list(envelope.headers)
+        assert list(incoming(properties, body).headers) == list(envelope.headers)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.transports.kafka.headers import DEFAULT_KEY, from_record, poison_from_record, to_record
-from bridge.transports.rabbitmq.headers import from_amqp, poison_from_amqp, to_amqp
+from bridge.transports.rabbitmq import headers as amqp_headers
 from bridge.transports.sql import headers as sql_headers
 
 names = st.one_of(
@@ -118,9 +118,9 @@ def test_any_amqp_message(
         delivery_mode=delivery_mode,
     )
     try:
-        envelope = from_amqp(properties, body)
+        envelope = amqp_headers.incoming(properties, body)
     except HeadersFormatError as exc:
-        assert isinstance(poison_from_amqp(properties, body, exc), PoisonMessage)
+        assert isinstance(amqp_headers.incoming_poison(properties, body, exc), PoisonMessage)
     else:
         assert isinstance(envelope, Envelope) and envelope.body == body
 
@@ -163,7 +163,7 @@ def test_lone_surrogates_are_poison_on_read_and_rejected_on_write(
     for ok, codec, refusal in (
         (sql_ok, lambda: sql_headers.encode(headers), HeadersFormatError),
         (kafka_ok, lambda: to_record(envelope, DEFAULT_KEY, 0.0), HeadersFormatError),
-        (sql_ok, lambda: to_amqp(envelope, 0.0), MessageRejected),
+        (sql_ok, lambda: amqp_headers.outgoing(envelope, 0.0), MessageRejected),
     ):
         if ok:
             codec()

@@ -14,8 +14,9 @@ from pika.adapters.utils.connection_workflow import (
 )
 
 from bridge.errors import MessageRejected, TransportError, TransportUnavailable
-from bridge.transports.rabbitmq.connection import Done, _Publish
-from bridge.transports.rabbitmq.errors import oversized_body, rabbitmq_errors, reply_code, translate
+from bridge.transports.rabbitmq.confirms import Publish
+from bridge.transports.rabbitmq.errors import oversized_body, reply_code, translate, translated
+from bridge.transports.rabbitmq.handoff import Done
 
 WHERE = "rabbitmq connection 'rabbit'"
 
@@ -97,9 +98,9 @@ def test_encoding_failures_reject_the_message_when_its_index_is_known() -> None:
 def test_bridge_errors_pass_through_and_other_bugs_propagate() -> None:
     original = MessageRejected("no", index=1)
     assert translate(original, WHERE) is original
-    with pytest.raises(TransportUnavailable), rabbitmq_errors(WHERE):
+    with pytest.raises(TransportUnavailable), translated(WHERE):
         raise amqp.StreamLostError("lost")
-    with pytest.raises(KeyError), rabbitmq_errors(WHERE):
+    with pytest.raises(KeyError), translated(WHERE):
         raise KeyError("a bug stays a bug")
 
 
@@ -128,7 +129,7 @@ def test_a_publish_refused_for_size_rejects_the_oversized_message() -> None:
         (pika.BasicProperties(message_id=str(i)), b"x" * size)
         for i, size in enumerate([10, 2000, 20])
     ]
-    publish = _Publish(cast(Done, recorder), messages)
+    publish = Publish(cast(Done, recorder), messages)
     publish.unconfirmed.update({0, 1, 2})
     reason = amqp.ChannelClosedByBroker(
         406, "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1000"
@@ -141,7 +142,7 @@ def test_a_publish_refused_for_size_rejects_the_oversized_message() -> None:
 def test_returns_are_matched_to_indexes_in_publish_order() -> None:
     recorder = _Recorder()
     messages = [(pika.BasicProperties(message_id=m), b"") for m in ["a", "b", "a", "c"]]
-    publish = _Publish(cast(Done, recorder), messages)
+    publish = Publish(cast(Done, recorder), messages)
     publish.unconfirmed.update(range(4))
     assert publish.match_return("a", "(312) NO_ROUTE")
     assert publish.match_return("a", "(312) NO_ROUTE")

@@ -1,5 +1,5 @@
-"""The AMQP codec (bridge/transports/rabbitmq/headers.py): `to_amqp` is the inverse of
-`from_amqp`, and what it writes is what an NServiceBus RabbitMQ 11 endpoint expects.
+"""The AMQP codec (bridge/transports/rabbitmq/headers.py): `outgoing` is the inverse of
+`incoming`, and what it writes is what an NServiceBus RabbitMQ 11 endpoint expects.
 
 Messages cross a real pika encode/decode (`wire`); `sorted_by_quorum` hands the headers table
 back sorted by name, as RabbitMQ quorum queues do.
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.transports.rabbitmq import headers as amqp_headers
+from bridge.transports.rabbitmq.deadletter import error_properties
 from bridge.transports.rabbitmq.headers import (
     CONTENT_TYPE,
     CORRELATION_ID,
@@ -28,10 +28,9 @@ from bridge.transports.rabbitmq.headers import (
     NON_PERSISTENT,
     REPLY_TO,
     TIME_SENT,
-    error_properties,
-    from_amqp,
-    poison_from_amqp,
-    to_amqp,
+    incoming,
+    incoming_poison,
+    outgoing,
 )
 
 NOW = 1_800_000_000.0
@@ -56,16 +55,16 @@ def envelope(*items: tuple[str, str | None], body: bytes = b"body") -> Envelope:
 
 
 def round_trip(original: Envelope, *, quorum: bool = False) -> Envelope:
-    properties, body = to_amqp(original, NOW)
+    properties, body = outgoing(original, NOW)
     received = sorted_by_quorum(properties) if quorum else wire(properties)
-    return from_amqp(received, body)
+    return incoming(received, body)
 
 
 # -- inverse pair ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
-def test_from_amqp_inverts_to_amqp_keeping_order_null_and_empty(quorum: bool) -> None:
+def test_incoming_inverts_outgoing_keeping_order_null_and_empty(quorum: bool) -> None:
     original = envelope(
         ("zeta", "last letter first"),
         ("NServiceBus.ReplyToAddress", "Sales"),
@@ -127,57 +126,11 @@ def test_non_persistent_header_comes_back_as_true_in_its_place() -> None:
     assert back.headers.items() == [(MESSAGE_ID, "id-1"), (NON_PERSISTENT, "True"), ("z", "1")]
 
 
-def pika_encoded(properties: pika.BasicProperties) -> bytes:
-    """The content header properties as pika's own encoder writes them."""
-    plain = pika.BasicProperties(**vars(properties))
-    return b"".join(plain.encode())
-
-
-@given(
-    headers=st.dictionaries(
-        st.text(min_size=1, max_size=70), st.none() | st.text(max_size=300), max_size=12
-    ),
-    expires=st.none() | st.floats(NOW - 10, NOW + 1e6),
-    non_persistent=st.booleans(),
-)
-def test_the_table_to_amqp_encodes_is_the_one_pika_would_write(
-    headers: dict[str, str | None], expires: float | None, non_persistent: bool
-) -> None:
-    items = [(MESSAGE_ID, "id-1"), *headers.items()]
-    if non_persistent:
-        items.append((NON_PERSISTENT, "True"))
-    try:
-        properties, _ = to_amqp(Envelope(Headers(items), b"", expires_at=expires), NOW)
-    except MessageRejected:  # a name over 255 bytes, text that is not UTF-8
-        return
-    assert b"".join(properties.encode()) == pika_encoded(properties)
-
-
-def test_the_kept_field_names_stay_few_when_every_message_has_names_of_its_own() -> None:
-    kept = amqp_headers._FIELD_STARTS_KEPT
-    for i in range(3 * kept):
-        properties, _ = to_amqp(envelope((f"trace-{uuid.uuid4()}", None if i % 2 else "v")), NOW)
-        assert b"".join(properties.encode()) == pika_encoded(properties)
-    assert 0 < len(amqp_headers._STRING_FIELDS) <= kept
-    assert 0 < len(amqp_headers._VOID_FIELDS) <= kept
-    for name in ("n" * 256, "\ud800"):  # not a short string, not UTF-8: refused, not kept
-        with pytest.raises(MessageRejected):
-            to_amqp(envelope((name, "v")), NOW)
-        assert name not in amqp_headers._STRING_FIELDS
-
-
-def test_headers_replaced_after_to_amqp_are_the_ones_written() -> None:
-    properties, _ = to_amqp(envelope(("a", "1")), NOW)
-    properties.headers = {MESSAGE_ID: "id-2"}
-    assert b"".join(properties.encode()) == pika_encoded(properties)
-    assert wire(properties).headers == {MESSAGE_ID: "id-2"}
-
-
 # -- what an NServiceBus RabbitMQ endpoint expects -------------------------------------------
 
 
 def test_properties_an_endpoint_reads() -> None:
-    properties, body = to_amqp(
+    properties, body = outgoing(
         envelope(
             (CORRELATION_ID, "corr-1"),
             (REPLY_TO, "Sales"),
@@ -199,7 +152,7 @@ def test_properties_an_endpoint_reads() -> None:
 
 
 def test_every_header_is_in_the_table_as_a_string() -> None:
-    properties, _ = to_amqp(
+    properties, _ = outgoing(
         envelope((CORRELATION_ID, "c"), (REPLY_TO, "Sales"), ("custom", "")), NOW
     )
     table = wire(properties).headers
@@ -212,34 +165,34 @@ def test_every_header_is_in_the_table_as_a_string() -> None:
 
 
 def test_sorted_headers_without_nulls_need_no_layout_header() -> None:
-    properties, _ = to_amqp(envelope(("Z", "1")), NOW)
+    properties, _ = outgoing(envelope(("Z", "1")), NOW)
     assert LAYOUT not in properties.headers
-    properties, _ = to_amqp(envelope(("A", "1")), NOW)
+    properties, _ = outgoing(envelope(("A", "1")), NOW)
     assert json.loads(properties.headers[LAYOUT]) == {"order": [MESSAGE_ID, "A"]}
 
 
 def test_null_is_void_in_the_table_and_listed_in_the_layout() -> None:
-    properties, _ = to_amqp(envelope(("null", None)), NOW)
+    properties, _ = outgoing(envelope(("null", None)), NOW)
     table = wire(properties).headers
     assert table["null"] is None
     assert json.loads(table[LAYOUT])["null"] == ["null"]
 
 
 def test_content_type_defaults_to_octet_stream() -> None:
-    properties, _ = to_amqp(envelope(), NOW)
+    properties, _ = outgoing(envelope(), NOW)
     assert properties.content_type == "application/octet-stream"
     assert CONTENT_TYPE not in properties.headers
 
 
 def test_type_is_cut_at_the_first_comma_only() -> None:
-    properties, _ = to_amqp(envelope((ENCLOSED_MESSAGE_TYPES, "Ns.A;Ns.B")), NOW)
+    properties, _ = outgoing(envelope((ENCLOSED_MESSAGE_TYPES, "Ns.A;Ns.B")), NOW)
     assert properties.type == "Ns.A;Ns.B"
-    properties, _ = to_amqp(envelope((ENCLOSED_MESSAGE_TYPES, "Ns.A, Asm;Ns.B, Asm")), NOW)
+    properties, _ = outgoing(envelope((ENCLOSED_MESSAGE_TYPES, "Ns.A, Asm;Ns.B, Asm")), NOW)
     assert properties.type == "Ns.A"
 
 
 def test_non_persistent_delivery_header_is_stripped_and_sets_mode_1() -> None:
-    properties, _ = to_amqp(envelope((NON_PERSISTENT, "True")), NOW)
+    properties, _ = outgoing(envelope((NON_PERSISTENT, "True")), NOW)
     assert properties.delivery_mode == 1
     assert NON_PERSISTENT not in properties.headers
 
@@ -248,7 +201,7 @@ def test_non_persistent_delivery_header_is_stripped_and_sets_mode_1() -> None:
 def test_an_envelope_without_message_id_is_rejected(message_id: str | None) -> None:
     headers = Headers([("other", "x")] if message_id is None else [(MESSAGE_ID, message_id)])
     with pytest.raises(MessageRejected, match="MessageId"):
-        to_amqp(Envelope(headers, b""), NOW)
+        outgoing(Envelope(headers, b""), NOW)
 
 
 @pytest.mark.parametrize(
@@ -264,7 +217,7 @@ def test_an_envelope_without_message_id_is_rejected(message_id: str | None) -> N
 )
 def test_what_amqp_cannot_carry_is_rejected(item: tuple[str, str]) -> None:
     with pytest.raises(MessageRejected):
-        to_amqp(envelope(item), NOW)
+        outgoing(envelope(item), NOW)
 
 
 # -- time to live ----------------------------------------------------------------------------
@@ -273,7 +226,7 @@ def test_what_amqp_cannot_carry_is_rejected(item: tuple[str, str]) -> None:
 def test_expiration_is_the_remaining_lifetime_in_whole_milliseconds() -> None:
     original = envelope((TIME_TO_BE_RECEIVED, "00:10:00"))
     original.expires_at = NOW + 59.9996
-    properties, _ = to_amqp(original, NOW)
+    properties, _ = outgoing(original, NOW)
     assert properties.expiration == "59999"
     assert properties.headers[TIME_TO_BE_RECEIVED] == "00:00:59.9990000"
     assert properties.timestamp == round(NOW)
@@ -291,13 +244,13 @@ def test_remaining_lifetime_comes_back_as_expires_at() -> None:
 def test_an_envelope_that_expired_is_sent_with_one_millisecond() -> None:
     original = envelope()
     original.expires_at = NOW - 5
-    properties, _ = to_amqp(original, NOW)
+    properties, _ = outgoing(original, NOW)
     assert properties.expiration == "1"
     assert properties.headers[TIME_TO_BE_RECEIVED] == "00:00:00.0010000"
 
 
 def test_time_to_be_received_without_expires_at_is_carried_as_is() -> None:
-    properties, _ = to_amqp(envelope((TIME_TO_BE_RECEIVED, "00:00:10")), NOW)
+    properties, _ = outgoing(envelope((TIME_TO_BE_RECEIVED, "00:00:10")), NOW)
     assert properties.expiration is None
     assert properties.headers[TIME_TO_BE_RECEIVED] == "00:00:10"
 
@@ -309,12 +262,12 @@ def test_an_endpoint_message_expires_at_time_sent_plus_time_to_be_received() -> 
         headers={TIME_SENT: "2026-04-29 21:56:55:590807 Z", TIME_TO_BE_RECEIVED: "00:00:10"},
     )
     sent = datetime(2026, 4, 29, 21, 56, 55, 590807, tzinfo=UTC).timestamp()
-    assert from_amqp(wire(properties), b"").expires_at == pytest.approx(sent + 10)
+    assert incoming(wire(properties), b"").expires_at == pytest.approx(sent + 10)
 
 
 def test_expiration_alone_gives_no_expiry() -> None:
     properties = pika.BasicProperties(message_id="m", expiration="10000")
-    assert from_amqp(wire(properties), b"").expires_at is None
+    assert incoming(wire(properties), b"").expires_at is None
 
 
 def test_expiration_counts_from_time_sent_without_time_to_be_received() -> None:
@@ -322,7 +275,7 @@ def test_expiration_counts_from_time_sent_without_time_to_be_received() -> None:
         message_id="m", expiration="2500", headers={TIME_SENT: "2026-04-29 21:56:55:000000 Z"}
     )
     sent = datetime(2026, 4, 29, 21, 56, 55, tzinfo=UTC).timestamp()
-    assert from_amqp(wire(properties), b"").expires_at == pytest.approx(sent + 2.5)
+    assert incoming(wire(properties), b"").expires_at == pytest.approx(sent + 2.5)
 
 
 def test_an_expiration_past_any_date_never_expires() -> None:
@@ -332,7 +285,7 @@ def test_an_expiration_past_any_date_never_expires() -> None:
         expiration="86400000000000000",
         headers={TIME_SENT: "2026-04-29 21:56:55:000000 Z"},
     )
-    assert from_amqp(wire(properties), b"").expires_at is None
+    assert incoming(wire(properties), b"").expires_at is None
 
 
 @pytest.mark.parametrize("expiration", ["\u00b2", "\u0661\u0662", "12x", "-5", ""])
@@ -342,7 +295,7 @@ def test_an_expiration_that_is_not_ascii_digits_gives_no_expiry(expiration: str)
     properties = pika.BasicProperties(
         message_id="m", expiration=expiration, headers={TIME_SENT: "2026-04-29 21:56:55:000000 Z"}
     )
-    assert from_amqp(wire(properties), b"").expires_at is None
+    assert incoming(wire(properties), b"").expires_at is None
 
 
 # -- reading what other writers sent ---------------------------------------------------------
@@ -356,7 +309,7 @@ def test_properties_overwrite_their_headers() -> None:
         content_type="text/xml",
         headers={REPLY_TO: "Old", CORRELATION_ID: "c1", CONTENT_TYPE: "application/json"},
     )
-    headers = from_amqp(wire(properties), b"").headers
+    headers = incoming(wire(properties), b"").headers
     assert headers.get(REPLY_TO) == "Native"
     assert headers.get(CORRELATION_ID) == "c2"
     assert headers.get(CONTENT_TYPE) == "text/xml"
@@ -370,7 +323,7 @@ def test_a_native_message_gets_its_headers_from_properties() -> None:
         type="Ns.OrderPlaced",
         delivery_mode=1,
     )
-    headers = from_amqp(wire(properties), b"{}").headers.to_dict()
+    headers = incoming(wire(properties), b"{}").headers.to_dict()
     assert headers == {
         REPLY_TO: "Replies",
         CONTENT_TYPE: "application/json",
@@ -382,12 +335,12 @@ def test_a_native_message_gets_its_headers_from_properties() -> None:
 
 def test_the_default_content_type_adds_no_header() -> None:
     properties = pika.BasicProperties(message_id="m", content_type="application/octet-stream")
-    assert CONTENT_TYPE not in from_amqp(wire(properties), b"").headers
+    assert CONTENT_TYPE not in incoming(wire(properties), b"").headers
 
 
 def test_the_message_id_header_wins_over_the_property() -> None:
     properties = pika.BasicProperties(message_id="native", headers={MESSAGE_ID: "logical"})
-    back = from_amqp(wire(properties), b"")
+    back = incoming(wire(properties), b"")
     assert back.message_id == "logical"
     assert back.native_id == "native"
 
@@ -405,7 +358,7 @@ def test_broker_and_delay_headers_are_stripped() -> None:
         "kept": "yes",
     }
     properties = pika.BasicProperties(message_id="m", headers=table)
-    assert from_amqp(wire(properties), b"").headers.items() == [
+    assert incoming(wire(properties), b"").headers.items() == [
         ("kept", "yes"),
         (MESSAGE_ID, "m"),
     ]
@@ -424,7 +377,7 @@ def test_values_of_other_types_read_as_nservicebus_renders_them() -> None:
         "void": None,
     }
     properties = pika.BasicProperties(message_id="m", headers=table)
-    headers = from_amqp(wire(properties), b"").headers.to_dict()
+    headers = incoming(wire(properties), b"").headers.to_dict()
     assert headers == {
         "bytes": "ünï",
         "int": "42",
@@ -441,13 +394,13 @@ def test_values_of_other_types_read_as_nservicebus_renders_them() -> None:
 
 def test_a_message_without_any_id_is_poison() -> None:
     with pytest.raises(HeadersFormatError, match="message_id"):
-        from_amqp(wire(pika.BasicProperties(headers={"a": "b"})), b"")
+        incoming(wire(pika.BasicProperties(headers={"a": "b"})), b"")
 
 
 def test_a_header_that_is_not_utf8_is_poison() -> None:
     properties = pika.BasicProperties(message_id="m", headers={"bad": b"\xff\xfe"})
     with pytest.raises(HeadersFormatError, match="UTF-8"):
-        from_amqp(wire(properties), b"")
+        incoming(wire(properties), b"")
 
 
 # -- poison and its error-queue copy ---------------------------------------------------------
@@ -456,8 +409,8 @@ def test_a_header_that_is_not_utf8_is_poison() -> None:
 def test_poison_keeps_what_could_be_read() -> None:
     properties = wire(pika.BasicProperties(message_id="m", headers={"bad": b"\xff", "ok": "1"}))
     with pytest.raises(HeadersFormatError) as caught:
-        from_amqp(properties, b"raw")
-    poison = poison_from_amqp(properties, b"raw", caught.value)
+        incoming(properties, b"raw")
+    poison = incoming_poison(properties, b"raw", caught.value)
     assert poison.body == b"raw"
     assert poison.exception_type == "HeadersFormatError"
     assert poison.native_id == "m"
@@ -519,9 +472,9 @@ def test_a_property_that_is_not_utf8_is_poison() -> None:
     properties = wire(pika.BasicProperties(message_id="m", reply_to="x"))
     properties.reply_to = b"\xff"  # what pika hands over for a short string it cannot decode
     with pytest.raises(HeadersFormatError, match="reply_to"):
-        from_amqp(properties, b"")
+        incoming(properties, b"")
     properties = wire(pika.BasicProperties())
     properties.message_id = b"\xff"
     with pytest.raises(HeadersFormatError):
-        from_amqp(properties, b"")
-    assert poison_from_amqp(properties, b"", ValueError("x")).native_id == "\ufffd"
+        incoming(properties, b"")
+    assert incoming_poison(properties, b"", ValueError("x")).native_id == "\ufffd"

@@ -1,4 +1,4 @@
-"""The RabbitMQ source's inbox (rabbitmq/source.py): deliveries cross from pika's ioloop thread
+"""The RabbitMQ source's inbox (rabbitmq/inbox.py): deliveries cross from pika's ioloop thread
 to the event loop, which is woken only when a receive waits for what has arrived."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pika
 
-from bridge.transports.rabbitmq.source import Delivery, _Inbox
+from bridge.transports.rabbitmq.inbox import Delivery, Inbox
 
 
 def delivery(tag: int, consumer: int = 1) -> Delivery:
@@ -17,7 +17,7 @@ def delivery(tag: int, consumer: int = 1) -> Delivery:
 
 
 class CountingLoop:
-    """Counts the wake-ups `_Inbox.put` posts to the event loop."""
+    """Counts the wake-ups `Inbox.put` posts to the event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.wakes = 0
@@ -33,7 +33,7 @@ class CountingLoop:
 
 async def test_deliveries_while_nobody_waits_wake_nothing() -> None:
     loop = CountingLoop(asyncio.get_running_loop())
-    inbox = _Inbox(loop)  # type: ignore[arg-type]
+    inbox = Inbox(loop)  # type: ignore[arg-type]
     for tag in range(1, 51):
         inbox.put(delivery(tag))
     assert loop.wakes == 0
@@ -43,7 +43,7 @@ async def test_deliveries_while_nobody_waits_wake_nothing() -> None:
 
 async def test_a_waiting_receive_is_woken_once_when_its_deliveries_are_there() -> None:
     loop = CountingLoop(asyncio.get_running_loop())
-    inbox = _Inbox(loop)  # type: ignore[arg-type]
+    inbox = Inbox(loop)  # type: ignore[arg-type]
     waiting = asyncio.create_task(inbox.wait_for(1, 30, 5.0))
     await asyncio.sleep(0.01)
 
@@ -60,7 +60,7 @@ async def test_a_waiting_receive_is_woken_once_when_its_deliveries_are_there() -
 
 
 async def test_a_wait_times_out_and_deliveries_of_an_earlier_consumer_are_dropped() -> None:
-    inbox = _Inbox(asyncio.get_running_loop())
+    inbox = Inbox(asyncio.get_running_loop())
     inbox.put(delivery(1, consumer=1))
     inbox.put(delivery(2, consumer=2))
     assert not await inbox.wait_for(2, 2, 0.02)
@@ -70,7 +70,7 @@ async def test_a_wait_times_out_and_deliveries_of_an_earlier_consumer_are_droppe
 async def test_first_arrived_is_the_oldest_waiting_delivery_of_the_consumer() -> None:
     """A receive counts its gathering time from here (`GATHER_LIMIT`), so it must move on as
     deliveries are taken and skip those of a consumer that is gone."""
-    inbox = _Inbox(asyncio.get_running_loop())
+    inbox = Inbox(asyncio.get_running_loop())
     before = time.monotonic()
     inbox.put(delivery(1, consumer=1))  # a cancelled consumer's, still in the inbox
     for tag in range(2, 6):

@@ -38,9 +38,9 @@ __all__ = [
     "DRIVER_ERRORS",
     "RETRIABLE_CODES",
     "oversized_body",
-    "rabbitmq_errors",
     "reply_code",
     "translate",
+    "translated",
 ]
 
 #: AMQP reply codes for conditions that go away on their own.
@@ -161,7 +161,7 @@ def _translate(exc: BaseException, where: str, index: int | None) -> BridgeError
 
 
 @contextmanager
-def rabbitmq_errors(where: str, *, index: int | None = None) -> Iterator[None]:
+def translated(where: str, *, index: int | None = None) -> Iterator[None]:
     """Raise driver errors from the block as bridge errors (see `translate`)."""
     try:
         yield

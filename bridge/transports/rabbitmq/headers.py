@@ -1,4 +1,4 @@
-"""The AMQP message codec (wire-format §7): `to_amqp` is the inverse of `from_amqp`.
+"""The AMQP message codec (wire-format §7): `outgoing` is the inverse of `incoming`.
 
 Written as an NServiceBus RabbitMQ 11 endpoint writes it: `message_id` = `NServiceBus.MessageId`
 (required: an envelope without one raises `MessageRejected`); `delivery_mode` 2, or 1 when the
@@ -49,14 +49,10 @@ from __future__ import annotations
 
 import decimal
 import functools
-import hashlib
 import json
 import math
-import struct
-import uuid
-from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pika
 
@@ -68,6 +64,7 @@ from bridge.nservicebus.wireformat import (
     parse_timespan,
     timestamp_seconds,
 )
+from bridge.transports.rabbitmq.amqp_table import sized_properties
 
 __all__ = [
     "CONFIRMATION_ID",
@@ -79,13 +76,12 @@ __all__ = [
     "FRAME_MAX",
     "LAYOUT",
     "NON_PERSISTENT",
-    "POISON_ID_NAMESPACE",
     "REPLY_TO",
     "TIME_SENT",
-    "error_properties",
-    "from_amqp",
-    "poison_from_amqp",
-    "to_amqp",
+    "incoming",
+    "incoming_poison",
+    "outgoing",
+    "readable_text",
 ]
 
 CORRELATION_ID = "NServiceBus.CorrelationId"
@@ -102,12 +98,8 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 #: AMQP's default (and RabbitMQ's) largest frame; the properties must fit in one.
 FRAME_MAX = 131_072
 
-#: Fixed forever: the id an error-queue copy of a message without any id gets.
-POISON_ID_NAMESPACE = uuid.UUID("3c1f7e52-9a4d-5b8e-a2f6-7d0c4e9b1a38")
-
 _STRIPPED = frozenset({"x-delivery-count", DELAY_IN_SECONDS, CONFIRMATION_ID})
 _STRIPPED_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
-_SHORT_STRING = 255
 #: Frame header and end (8), content header class, weight, body size and flags (14).
 _FRAME_OVERHEAD = 22
 #: A lifetime this long means "never expires" (TimeSpan.MaxValue is ~29,000 years).
@@ -118,25 +110,10 @@ _LAYOUT_CACHED = 4096
 #: How many layout texts each direction keeps, parsed or written.
 _LAYOUTS_KEPT = 64
 _LAYOUT_TEXTS: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
-#: The encoded start of a header-table field (name and type octet) by header name.
-_STRING_FIELDS: dict[str, bytes] = {}
-_VOID_FIELDS: dict[str, bytes] = {}
-#: How many names each of those keeps; a message's own names (ids in them) must not pile up.
-_FIELD_STARTS_KEPT = 256
 _LAYOUT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-#: A string this long is at most 252 bytes of UTF-8, so surely a valid AMQP short string.
-_SURELY_SHORT = _SHORT_STRING // 4
-_LENGTH = struct.Struct(">I").pack
 
 
-def _short(what: str, value: str) -> int:
-    size = len(value.encode())
-    if size > _SHORT_STRING:
-        raise MessageRejected(f"{what} is {size} bytes; AMQP allows {_SHORT_STRING}")
-    return 1 + size
-
-
-def to_amqp(
+def outgoing(
     envelope: Envelope, now: float, *, frame_max: int = FRAME_MAX
 ) -> tuple[pika.BasicProperties, bytes]:
     """Lay `envelope` out as an AMQP message sent at `now` (epoch seconds).
@@ -172,9 +149,9 @@ def to_amqp(
         table[LAYOUT] = _layout_text(tuple(order), tuple(nulls))
     enclosed = headers.get(ENCLOSED_MESSAGE_TYPES)
     content_type = headers.get(CONTENT_TYPE)
-    properties = _Outgoing(
+    properties, size = sized_properties(
+        table,
         content_type=DEFAULT_CONTENT_TYPE if content_type is None else content_type,
-        headers=table,
         delivery_mode=2 if persistent else 1,
         correlation_id=headers.get(CORRELATION_ID),
         reply_to=headers.get(REPLY_TO),
@@ -183,12 +160,6 @@ def to_amqp(
         timestamp=timestamp,
         type=None if enclosed is None else enclosed.split(",", 1)[0],
     )
-    size = _encoded_size(properties, table)
-    if size is None:
-        try:
-            size = _properties_size(properties)
-        except UnicodeEncodeError as exc:
-            raise MessageRejected(f"a header is not encodable as UTF-8: {exc}") from exc
     if size + _FRAME_OVERHEAD > frame_max:
         raise MessageRejected(
             f"properties and headers take {size} bytes; one AMQP frame holds {frame_max}"
@@ -204,135 +175,10 @@ def _layout_text(order: tuple[str, ...], nulls: tuple[str, ...]) -> str:
         layout = {"order": list(order), "null": list(nulls)} if nulls else {"order": list(order)}
         text = _LAYOUT_JSON(layout)
         if len(text) <= _LAYOUT_CACHED:
-            _keep(_LAYOUT_TEXTS, key, text, _LAYOUTS_KEPT)
+            if len(_LAYOUT_TEXTS) >= _LAYOUTS_KEPT:
+                _LAYOUT_TEXTS.clear()  # what is sent again soon is kept again soon
+            _LAYOUT_TEXTS[key] = text
     return text
-
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-
-
-def _keep(kept: dict[_K, _V], key: _K, value: _V, most: int) -> _V:
-    """`value` kept under `key` in a cache of at most `most` entries, emptied once full (what
-    is sent again soon is kept again soon)."""
-    if len(kept) >= most:
-        kept.clear()
-    kept[key] = value
-    return value
-
-
-class _Outgoing(pika.BasicProperties):  # type: ignore[misc]
-    """The properties `to_amqp` makes: their header table is encoded once, when it is sized,
-    and `encode` (pika calls it to build the content header frame) puts those bytes where
-    pika's own table encoder would have put the same bytes, for a fraction of its time.
-    The table is final: a `headers` replaced afterwards is encoded by pika; one changed in
-    place would go out as it was (nothing here changes it)."""
-
-    # Slots, not attributes: pika compares and prints properties by their __dict__.
-    __slots__ = ("table", "table_of")
-    headers: Any
-
-    def keep_table(self, table: bytes) -> None:
-        self.table, self.table_of = table, self.headers
-
-    def encode(self) -> list[bytes]:
-        headers = self.headers
-        if headers is None or getattr(self, "table_of", None) is not headers:
-            return list(super().encode())
-        self.headers = None
-        try:
-            rest = b"".join(super().encode())
-        finally:
-            self.headers = headers
-        # Property flags (one word: BasicProperties has 14), then content_type and
-        # content_encoding as short strings, then the table.
-        at = 2
-        if self.content_type is not None:
-            at += 1 + rest[at]
-        if self.content_encoding is not None:
-            at += 1 + rest[at]
-        flags = int.from_bytes(rest[:2], "big") | pika.BasicProperties.FLAG_HEADERS
-        return [flags.to_bytes(2, "big"), rest[2:at], self.table, rest[at:]]
-
-
-def _encode_table(table: dict[str, str | None]) -> bytes | None:
-    """An AMQP field table of long strings and voids, or None when a name or value is not
-    such (too long, not encodable, not a string): then the exact checks tell what is wrong."""
-    fields: list[bytes] = []
-    add = fields.append
-    strings, voids = _STRING_FIELDS, _VOID_FIELDS
-    try:
-        for name, value in table.items():
-            if value is None:
-                start = voids.get(name)
-                if start is None:
-                    start = _field_start(voids, name, b"V")
-                add(start)
-            else:
-                start = strings.get(name)
-                if start is None:
-                    start = _field_start(strings, name, b"S")
-                text = value.encode()
-                add(start)
-                add(_LENGTH(len(text)))
-                add(text)
-    except (AttributeError, OverflowError, UnicodeEncodeError, struct.error):
-        return None
-    body = b"".join(fields)
-    return _LENGTH(len(body)) + body
-
-
-def _field_start(kept: dict[str, bytes], name: str, kind: bytes) -> bytes:
-    """A field's name (a short string) and its type octet; raises for a name AMQP cannot
-    carry. Kept: endpoints send the same few dozen header names on every message."""
-    encoded = name.encode()
-    return _keep(kept, name, b"%c%b%b" % (len(encoded), encoded, kind), _FIELD_STARTS_KEPT)
-
-
-def _encoded_size(properties: _Outgoing, headers: dict[str, str | None]) -> int | None:
-    """`_properties_size`, from the encoded table; None when that must check each string: one
-    is longer than `_SURELY_SHORT` characters or not encodable. Keeps the encoded table."""
-    table = _encode_table(headers)
-    if table is None:
-        return None
-    strings = [
-        value
-        for value in (
-            properties.content_type,
-            properties.correlation_id,
-            properties.reply_to,
-            properties.expiration,
-            properties.message_id,
-            properties.type,
-        )
-        if value is not None
-    ]
-    try:
-        if max(map(len, strings)) > _SURELY_SHORT:
-            return None
-        size = len("".join(strings).encode()) + len(strings)
-    except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
-        return None
-    properties.keep_table(table)
-    return size + 1 + (0 if properties.timestamp is None else 8) + len(table)
-
-
-def _properties_size(properties: pika.BasicProperties) -> int:
-    """Bytes the properties take in a content header frame; checks AMQP's length limits."""
-    size = 0
-    for what in ("content_type", "correlation_id", "reply_to", "expiration", "message_id", "type"):
-        value = getattr(properties, what)
-        if value is not None:
-            size += _short(what, value)
-    size += 1  # delivery_mode
-    if properties.timestamp is not None:
-        size += 8
-    size += 4  # the table's length
-    for name, value in (properties.headers or {}).items():
-        size += _short(f"header name {name[:40]!r}...", name) + 1
-        if value is not None:
-            size += 4 + len(value.encode())
-    return size
 
 
 def _text(value: object) -> str | None:
@@ -403,7 +249,7 @@ def _overwrite(items: dict[str, str | None], name: str, value: str | None) -> No
         items[name] = value
 
 
-def from_amqp(properties: pika.BasicProperties, body: bytes) -> Envelope:
+def incoming(properties: pika.BasicProperties, body: bytes) -> Envelope:
     """The envelope an AMQP message carries; raise HeadersFormatError when it is poison."""
     table: dict[str | bytes, object] = properties.headers or {}
     order, nulls = _layout(table.get(LAYOUT))
@@ -484,7 +330,8 @@ def _expires_at(properties: pika.BasicProperties, items: dict[str, str | None]) 
     return sent + lifetime.total_seconds()
 
 
-def _readable(value: object) -> str | None:
+def readable_text(value: object) -> str | None:
+    """A field value as text, for messages and logs: never raises."""
     try:
         return _text(value)
     except HeadersFormatError:
@@ -493,10 +340,10 @@ def _readable(value: object) -> str | None:
         return repr(value)
 
 
-def poison_from_amqp(
+def incoming_poison(
     properties: pika.BasicProperties, body: bytes, error: BaseException
 ) -> PoisonMessage:
-    """The poison message for an AMQP message `from_amqp` refused with `error`.
+    """The poison message for an AMQP message `incoming` refused with `error`.
 
     `headers` is what could be read (bytes decoded with replacement characters) and
     `raw_headers` those as a JSON object; the source keeps the AMQP message itself for the
@@ -505,8 +352,8 @@ def poison_from_amqp(
     readable: dict[str, str | None] = {}
     for name, value in (properties.headers or {}).items():
         key = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
-        readable[key] = _readable(value)
-    native = _readable(properties.message_id)
+        readable[key] = readable_text(value)
+    native = readable_text(properties.message_id)
     if MESSAGE_ID not in readable and native:
         readable[MESSAGE_ID] = native
     return PoisonMessage(
@@ -517,47 +364,3 @@ def poison_from_amqp(
         native_id=native,
         headers=Headers(readable.items()),
     )
-
-
-def error_properties(
-    properties: pika.BasicProperties, body: bytes, failure: Sequence[tuple[str, str]]
-) -> pika.BasicProperties:
-    """The properties of a poison message's error-queue copy: every original property and header
-    unchanged but `expiration`, the failure headers ServiceControl reads added (replacing older
-    ones), and, when the message has no id at all, a deterministic one (uuid5 of its body and
-    headers) as both `message_id` and `NServiceBus.MessageId`, so ServicePulse can show and
-    retry it. An error-queue copy never expires (NServiceBus sends it without a time to be
-    received): with the original `expiration` it would vanish from the error queue unseen.
-    """
-    table: dict[str | bytes, object] = dict(properties.headers or {})
-    message_id = properties.message_id
-    if not message_id and not _readable(table.get(MESSAGE_ID)):
-        digest = hashlib.sha256(body)
-        digest.update(repr(sorted((repr(k), repr(v)) for k, v in table.items())).encode())
-        message_id = str(uuid.uuid5(POISON_ID_NAMESPACE, digest.hexdigest()))
-        table[MESSAGE_ID] = message_id
-    table.update(failure)
-    copy = pika.BasicProperties(
-        **{name: getattr(properties, name) for name in _PROPERTY_NAMES},
-    )
-    copy.headers = table
-    copy.message_id = message_id
-    copy.expiration = None
-    return copy
-
-
-_PROPERTY_NAMES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)

@@ -39,8 +39,9 @@ from bridge.transports.rabbitmq.config import (
     describe,
     publish_route,
 )
-from bridge.transports.rabbitmq.connection import Link, Message, parameters
-from bridge.transports.rabbitmq.headers import to_amqp
+from bridge.transports.rabbitmq.confirms import Message
+from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.headers import outgoing
 
 __all__ = ["RabbitMQSink", "encode_batch"]
 
@@ -50,7 +51,7 @@ def encode_batch(envelopes: Sequence[Envelope], now: float, frame_max: int) -> l
     messages: list[Message] = []
     for index, envelope in enumerate(envelopes):
         try:
-            messages.append(to_amqp(envelope, now, frame_max=frame_max))
+            messages.append(outgoing(envelope, now, frame_max=frame_max))
         except MessageRejected as exc:
             raise MessageRejected(f"message {index}: {exc}", index=index) from exc
     return messages

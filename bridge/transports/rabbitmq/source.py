@@ -21,16 +21,16 @@ Guarantees
     a channel that is gone raises `TransportUnavailable` (its messages come again).
 
 Poison
-    A message `headers.from_amqp` cannot read (no message id at all, a header or property that
+    A message `headers.incoming` cannot read (no message id at all, a header or property that
     is not UTF-8) is a `PoisonMessage` in `batch.poison`. At commit, each poison message is
-    published to `error_queue` (default `bridge.error`, same broker, a connection of its own
-    opened when first needed, publisher confirms) byte for byte: body, properties and headers
-    unchanged, plus the failure headers ServiceControl reads (`bridge.nservicebus.deadletter`)
-    and, when it has no id at all, a deterministic one; only `expiration` is dropped (an
-    error-queue copy never expires). Messages the runner rejected with `batch.reject` go there
-    as `bridge.nservicebus.deadletter.error_copy` makes them (without a time to live either).
-    Only then is the batch acknowledged: a crash in between leaves a duplicate in the error
-    queue, never a loss.
+    published to `error_queue` (default `bridge.error`) byte for byte: body, properties and
+    headers unchanged, plus the failure headers ServiceControl reads
+    (`bridge.nservicebus.deadletter`) and, when it has no id at all, a deterministic one; only
+    `expiration` is dropped (an error-queue copy never expires). Messages the runner rejected
+    with `batch.reject` go there as `bridge.nservicebus.deadletter.error_copy` makes them
+    (without a time to live either). `deadletter.py` publishes them, with publisher confirms,
+    on a connection of its own. Only then is the batch acknowledged: a crash in between leaves
+    a duplicate in the error queue, never a loss.
     An error queue that does not take the copies (missing: `TransportError`; the broker nacks
     them, e.g. a full queue with `x-overflow: reject-publish`: `TransportUnavailable`) fails
     the commit, and the batch's deliveries go back to the queue before it raises, as `abort()`
@@ -45,57 +45,35 @@ What is lossy
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import pika
 
 from bridge.batch import Batch, Rejected
 from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError, MessageRejected, TransportError, TransportUnavailable
-from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy, failure_headers
+from bridge.errors import HeadersFormatError, TransportUnavailable
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.transports.rabbitmq.config import (
-    CONFIRM_TIMEOUT,
     DELIVERY_PAUSE,
     GATHER_LIMIT,
     RabbitMQConnection,
     describe,
-    publish_route,
 )
-from bridge.transports.rabbitmq.connection import Done, Link, Message, parameters
-from bridge.transports.rabbitmq.headers import (
-    error_properties,
-    from_amqp,
-    poison_from_amqp,
-    to_amqp,
-)
+from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.deadletter import ErrorQueue
+from bridge.transports.rabbitmq.handoff import Done
+from bridge.transports.rabbitmq.headers import incoming, incoming_poison
+from bridge.transports.rabbitmq.inbox import Delivery, Inbox
 
-__all__ = ["Delivery", "RabbitMQSource"]
-
+__all__ = ["RabbitMQSource"]
 
 log = logging.getLogger("bridge.rabbitmq")
 
-_STACK_TRACE = "NServiceBus.ExceptionInfo.StackTrace"
 _MAX_PREFETCH = 65_535  # basic.qos prefetch-count is a short
-_NOBODY_WAITS = 1 << 62
-
-
 _CONSUMERS = itertools.count(1)
-
-
-@dataclass(slots=True)
-class Delivery:
-    consumer: int
-    epoch: int
-    tag: int
-    properties: pika.BasicProperties
-    body: bytes
-    arrived: float = 0.0  # time.monotonic() when the ioloop thread put it in the inbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,81 +81,6 @@ class _Consumer:
     number: int  # unique per basic.consume, process-wide
     epoch: int  # the channel it consumes on
     tag: str
-
-
-class _Inbox:
-    """Deliveries handed over by the ioloop thread, waited for on the event loop.
-
-    The ioloop thread wakes the event loop only when a receive waits and enough deliveries for
-    it are there: not once per delivery, and not at all between receives.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: deque[Delivery] = deque()
-        self._arrived = asyncio.Event()
-        self._lock = threading.Lock()
-        self._wake_pending = False
-        self._wanted = _NOBODY_WAITS  # deliveries the waiting receive needs before it wakes
-        self.cancelled: set[str] = set()  # consumer tags the broker cancelled
-
-    def put(self, delivery: Delivery) -> None:
-        """On the ioloop thread: queue one delivery; wake the event loop when a receive waits
-        for as many as there are now (those of an earlier consumer count too: it recounts)."""
-        items = self._items
-        delivery.arrived = time.monotonic()  # before it can be seen in `items`
-        items.append(delivery)
-        if len(items) < self._wanted:
-            return
-        with self._lock:
-            if self._wake_pending:
-                return
-            self._wake_pending = True
-        with contextlib.suppress(RuntimeError):  # the event loop is closed
-            self._loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        self._arrived.set()  # `_wake_pending` stays: one wake per wait is enough
-
-    def count(self, consumer: int) -> int:
-        """Deliveries of `consumer` waiting; those of an earlier consumer are dropped."""
-        while self._items and self._items[0].consumer != consumer:
-            self._items.popleft()  # requeued by an abort or by the loss of its channel
-        return len(self._items)
-
-    async def wait_for(self, consumer: int, wanted: int, timeout: float) -> bool:
-        """Wait until `wanted` deliveries wait; False when `timeout` passes first."""
-        deadline = self._loop.time() + timeout
-        while self.count(consumer) < wanted:
-            remaining = deadline - self._loop.time()
-            if remaining <= 0:
-                return False
-            with self._lock:
-                self._wake_pending = False
-            self._wanted = wanted
-            try:
-                # A delivery put before `_wanted` was set woke nobody: count again.
-                if self.count(consumer) >= wanted:
-                    break
-                self._arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-            finally:
-                self._wanted = _NOBODY_WAITS
-        return True
-
-    def first_arrived(self, consumer: int) -> float:
-        """When the oldest delivery of `consumer` waiting arrived (there is one)."""
-        self.count(consumer)
-        return self._items[0].arrived
-
-    def last_arrived(self) -> float:
-        """When the newest delivery waiting arrived (there is one)."""
-        return self._items[-1].arrived
-
-    def take(self, consumer: int, limit: int) -> list[Delivery]:
-        self.count(consumer)
-        return [self._items.popleft() for _ in range(min(limit, len(self._items)))]
 
 
 @dataclass(eq=False)
@@ -198,8 +101,10 @@ class RabbitMQSource:
         self._name = name
         self._where = f"{describe(name)}, queue {address!r}"
         self._link = Link(parameters(config, name, "source"), self._where)
-        self._errors: Link | None = None
-        self._inbox: _Inbox | None = None
+        self._errors = ErrorQueue(
+            config, name, address, self.error_queue, frame_max=self._link.frame_max
+        )
+        self._inbox: Inbox | None = None
         self._consumer: _Consumer | None = None
         self._prefetch = 0
         self._held: list[_Held] = []
@@ -209,7 +114,7 @@ class RabbitMQSource:
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         if self._inbox is None:
-            self._inbox = _Inbox(asyncio.get_running_loop())
+            self._inbox = Inbox(asyncio.get_running_loop())
         inbox = self._inbox
         consumer = await self._consume(inbox, max_messages)
         number = consumer.number
@@ -226,20 +131,20 @@ class RabbitMQSource:
         # From here to the return nothing awaits: a cancelled receive never holds deliveries.
         deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []
-        poison: list[tuple[PoisonMessage, Delivery]] = []
+        poison: list[tuple[PoisonMessage, pika.BasicProperties, bytes]] = []
         for delivery in deliveries:
             try:
-                messages.append(from_amqp(delivery.properties, delivery.body))
+                messages.append(incoming(delivery.properties, delivery.body))
             except HeadersFormatError as exc:
-                item = poison_from_amqp(delivery.properties, delivery.body, exc)
-                poison.append((item, delivery))
+                item = incoming_poison(delivery.properties, delivery.body, exc)
+                poison.append((item, delivery.properties, delivery.body))
         held = _Held(consumer, [d.tag for d in deliveries])
         self._held.append(held)
         rejected: list[Rejected] = []
 
         async def commit() -> None:
             try:
-                await self._move_to_error_queue(poison, rejected)
+                await self._errors.copy(poison, rejected)
             except BaseException:
                 # Not acknowledged, so not committed: the deliveries go back now. Left unsettled
                 # on the channel, the next batch's multiple-ack would acknowledge them too.
@@ -258,13 +163,13 @@ class RabbitMQSource:
 
         return Batch(
             messages,
-            poison=[item for item, _ in poison],
+            poison=[item for item, _, _ in poison],
             on_commit=commit,
             on_abort=abort,
             rejected=rejected,
         )
 
-    async def _consume(self, inbox: _Inbox, max_messages: int) -> _Consumer:
+    async def _consume(self, inbox: Inbox, max_messages: int) -> _Consumer:
         """The consumer this source receives from, started when there is none (any more)."""
         consumer = self._consumer
         if consumer is not None and consumer.epoch == self._link.epoch:
@@ -396,48 +301,6 @@ class RabbitMQSource:
         epoch = self._link.epoch
         self._held = [h for h in self._held if h is not held and h.consumer.epoch == epoch]
 
-    # -- error queue -------------------------------------------------------------------------
-
-    async def _move_to_error_queue(
-        self, poison: list[tuple[PoisonMessage, Delivery]], rejected: list[Rejected]
-    ) -> None:
-        copies: list[Message] = []
-        for item, delivery in poison:
-            failure = failure_headers(item.reason, self.address, exception_type=item.exception_type)
-            properties = error_properties(delivery.properties, delivery.body, failure)
-            copies.append((properties, delivery.body))
-        copies.extend(self._rejected_copy(r) for r in rejected)
-        if not copies:
-            return
-        if self._errors is None:
-            params = parameters(self._config, self._name, "errors")
-            where = f"{describe(self._name)}, error queue {self.error_queue!r}"
-            self._errors = Link(params, where, confirm=True)
-        exchange, routing_key = publish_route(self._config, self.error_queue)
-        outcome = await self._errors.publish(exchange, routing_key, copies, timeout=CONFIRM_TIMEOUT)
-        if outcome.returned:
-            raise TransportError(
-                f"{self._errors.where}: no queue takes its messages {outcome.return_text}; "
-                "run `bridge install`"
-            )
-        if outcome.nacked:
-            raise TransportUnavailable(
-                f"{self._errors.where}: the broker refused {outcome.nacked} error-queue copies"
-            )
-
-    def _rejected_copy(self, rejected: Rejected) -> Message:
-        copy = error_copy(rejected.envelope, rejected.error, self.address)
-        frame_max = self._link.frame_max
-        try:
-            return to_amqp(copy, time.time(), frame_max=frame_max)
-        except MessageRejected:
-            copy.headers.remove(_STACK_TRACE)  # a long stack trace must not block the queue
-        try:
-            return to_amqp(copy, time.time(), frame_max=frame_max)
-        except MessageRejected as exc:
-            raise TransportError(f"{self._where}: cannot write an error-queue copy: {exc}") from exc
-
     async def close(self) -> None:
         await self._link.close()
-        if self._errors is not None:
-            await self._errors.close()
+        await self._errors.close()

@@ -1,0 +1,168 @@
+"""Declarations: what `install`, `check` and `peek` ask the broker, one AMQP method per step.
+
+`plan` lists the steps `install` runs (queue, then exchange and binding for `conventional`);
+`declare_adopting` declares a queue and keeps the `x-` arguments it already has; `conflict`
+turns a 406 PRECONDITION_FAILED into an error that says what exists and what was asked for.
+Each `declare_*` and `bind` returns an `Op` that a `Link` runs on its ioloop thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pika
+
+from bridge.errors import TransportError
+from bridge.transports.rabbitmq.config import RabbitMQConnection, queue_arguments
+from bridge.transports.rabbitmq.connection import Link
+from bridge.transports.rabbitmq.errors import reply_code
+from bridge.transports.rabbitmq.handoff import Done, Op
+
+__all__ = [
+    "Step",
+    "bind",
+    "conflict",
+    "current_argument",
+    "declare_adopting",
+    "declare_exchange",
+    "declare_queue",
+    "plan",
+]
+
+_CURRENT = re.compile(r"inequivalent arg '([^']+)'.*but current is (?:the value )?'?([\w-]+)")
+_CURRENT_VALUE = re.compile(
+    r"inequivalent arg '(x-[^']+)' for queue .*but current is the value '(.*)' of type '(\w+)'"
+)
+#: How many arguments of an existing queue `install` adopts before it gives up.
+_MAX_ADOPTED = 20
+
+
+@dataclass(frozen=True)
+class Step:
+    text: str
+    kind: str  # "queue", "exchange" or "bind"
+    name: str
+
+
+def declare_queue(queue: str, arguments: dict[str, object] | None, passive: bool) -> Op:
+    """Declare `queue` durable; settles with its ready message count."""
+
+    def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+        channel.queue_declare(
+            queue,
+            passive=passive,
+            durable=True,
+            arguments=arguments,
+            callback=lambda frame: done.ok(frame.method.message_count),
+        )
+
+    return op
+
+
+def declare_exchange(exchange: str, passive: bool) -> Op:
+    def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+        channel.exchange_declare(
+            exchange,
+            exchange_type="fanout",
+            passive=passive,
+            durable=True,
+            callback=lambda _: done.ok(),
+        )
+
+    return op
+
+
+def bind(queue: str, exchange: str) -> Op:
+    def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+        channel.queue_bind(queue, exchange, routing_key="", callback=lambda _: done.ok())
+
+    return op
+
+
+def plan(config: RabbitMQConnection, addresses: Sequence[str]) -> list[Step]:
+    """The declarations `install` makes for `addresses`, in order, each queue once."""
+    steps: list[Step] = []
+    kind = config.queue_type
+    for queue in dict.fromkeys(addresses):
+        steps.append(
+            Step(
+                f"queue.declare queue={queue!r} durable=true arguments={{x-queue-type: {kind}}}",
+                "queue",
+                queue,
+            )
+        )
+        if config.topology == "conventional":
+            steps.append(
+                Step(
+                    f"exchange.declare exchange={queue!r} type=fanout durable=true",
+                    "exchange",
+                    queue,
+                )
+            )
+            steps.append(
+                Step(
+                    f"queue.bind queue={queue!r} exchange={queue!r} routing_key=''",
+                    "bind",
+                    queue,
+                )
+            )
+    return steps
+
+
+def current_argument(error: BaseException) -> tuple[str, object] | None:
+    """The `x-` argument (name, value) an existing queue has and a declaration did not match."""
+    match = _CURRENT_VALUE.search(str(error))
+    if reply_code(error) != 406 or match is None or match.group(1) == "x-queue-type":
+        return None
+    name, text, kind = match.groups()
+    if kind == "longstr":
+        return name, text
+    if kind == "bool" and text in ("true", "false"):
+        return name, text == "true"
+    try:
+        return name, (float(text) if kind in ("double", "float") else int(text))
+    except ValueError:
+        return None
+
+
+async def declare_adopting(link: Link, config: RabbitMQConnection, where: str, step: Step) -> None:
+    """Declare a queue with its type. A queue that exists with more arguments (a dead-letter
+    exchange, a length limit) keeps them: each one the broker names is added to the
+    declaration until it matches, or until the broker names `x-queue-type` (RabbitMQ
+    compares the type last), which `conflict` turns into a clear error.
+    """
+    arguments = queue_arguments(config)
+    for _ in range(_MAX_ADOPTED):
+        try:
+            await link.run(declare_queue(step.name, arguments, passive=False), what=step.text)
+            return
+        except TransportError as exc:
+            current = current_argument(exc)
+            if current is None or current[0] in arguments:
+                raise
+            arguments[current[0]] = current[1]
+    raise TransportError(f"{where}: queue {step.name!r} has too many arguments")
+
+
+def conflict(
+    config: RabbitMQConnection, where: str, step: Step, error: TransportError
+) -> TransportError:
+    """A clear error for a declaration RabbitMQ refused because the thing exists otherwise."""
+    match = _CURRENT.search(str(error))
+    if reply_code(error) != 406 or match is None:
+        return error
+    argument, current = match.groups()
+    if step.kind == "queue" and argument == "x-queue-type":
+        current = "classic" if current == "none" else current
+        wanted = config.queue_type
+        return TransportError(
+            f"{where}: queue {step.name!r} already exists as a {current} queue, but "
+            f"queue_type is {wanted}; RabbitMQ cannot change the type of a queue: move its "
+            f"messages and delete it, or set queue_type: {current}"
+        )
+    return TransportError(
+        f"{where}: {step.kind} {step.name!r} already exists with {argument} "
+        f"{current!r}, which differs from what the bridge declares ({step.text})"
+    )
