@@ -7,7 +7,7 @@ assigned consumer (no group membership, no Kafka commits) and hands out batches 
 a SQL queue table's `SqlSink`, stores that position in the same transaction as the rows, so
 the move is exactly-once: a retried task starts from the stored position, not from where the
 driver planned, and a second run finds nothing left. Records are decoded with the Kafka
-transport's own codec (`headers.from_record`); a record whose headers are not UTF-8 is poison
+transport's own codec (`headers.incoming`); a record whose headers are not UTF-8 is poison
 and is copied, before its batch is handed out, to the route's error topic on the Kafka
 connection, as the service does (`headers.error_record`); so is, at commit, a message the
 destination refused for good. Records at or past `end` are left to the service.
@@ -35,7 +35,7 @@ from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.config import KafkaConnection
 from bridge.transports.kafka.connection import consumer_kwargs
-from bridge.transports.kafka.errors import kafka_errors
+from bridge.transports.kafka.errors import translated
 from bridge.transports.kafka.source import ErrorTopic, checkpoint_key, read_records
 from bridge.transports.sql.queue import CheckpointConflict, SqlSink
 
@@ -58,7 +58,7 @@ class RangeTakenOver(TransportError):
 async def partition_offsets(config: KafkaConnection, topic: str) -> dict[int, tuple[int, int]]:
     """{partition: (beginning offset, end offset)} of `topic`; TransportError when missing."""
     consumer = AIOKafkaConsumer(**consumer_kwargs(config, None))
-    with kafka_errors(f"read the offsets of topic {topic!r}"):
+    with translated(f"read the offsets of topic {topic!r}"):
         await consumer.start()
         try:
             if topic not in await consumer.topics():
@@ -128,7 +128,7 @@ class PartitionSource:
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            with kafka_errors(f"close the consumer of {self._tp.topic}/{self._tp.partition}"):
+            with translated(f"close the consumer of {self._tp.topic}/{self._tp.partition}"):
                 await consumer.stop()
 
     async def _fetch(self, max_messages: int) -> list[Any]:
@@ -139,7 +139,7 @@ class PartitionSource:
         waited_since = time.monotonic()
         while True:
             wanted = min(max_messages, self._end - self._next)
-            with kafka_errors(f"fetch from {self._tp.topic}/{self._tp.partition}"):
+            with translated(f"fetch from {self._tp.topic}/{self._tp.partition}"):
                 fetched = await consumer.getmany(self._tp, timeout_ms=500, max_records=wanted)
                 records = [r for r in fetched.get(self._tp, []) if r.offset < self._end]
                 if records:
@@ -159,7 +159,7 @@ class PartitionSource:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(**consumer_kwargs(self._transport.config, None))
             try:
-                with kafka_errors(f"start a consumer for {self._tp.topic}/{self._tp.partition}"):
+                with translated(f"start a consumer for {self._tp.topic}/{self._tp.partition}"):
                     await consumer.start()
                     consumer.assign([self._tp])
                     consumer.seek(self._tp, self._next)

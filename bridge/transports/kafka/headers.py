@@ -1,4 +1,4 @@
-"""The Kafka record codec (wire-format §9): `to_record` is the inverse of `from_record`.
+"""The Kafka record codec (wire-format §9): `outgoing` is the inverse of `incoming`.
 
 Written: record value = body bytes; one record header per NServiceBus header, in order, with
 duplicates kept; values UTF-8; a null header value is a null Kafka header value (not empty).
@@ -17,11 +17,11 @@ redelivered record keeps its id. `native_id` is "topic/partition/offset".
 Lossy, on purpose: the record key is not read back (on write it is derived from the headers);
 a null record value (a tombstone) reads as an empty body; a TimeToBeReceived header on an
 envelope without `expires_at` is carried as is, so the reader counts it from the record
-timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `from_record`
+timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `incoming`
 raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
-`poison_from_record`), whose error-queue copy `error_record` writes byte for byte with the
+`incoming_poison`), whose error-queue copy `error_record` writes byte for byte with the
 NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
-(a lone surrogate) raises `HeadersFormatError` from `to_record`.
+(a lone surrogate) raises `HeadersFormatError` from `outgoing`.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ __all__ = [
     "Record",
     "RecordHeaders",
     "error_record",
-    "from_record",
+    "incoming",
+    "incoming_poison",
     "key_header",
     "native_id",
-    "poison_from_record",
+    "outgoing",
     "record_message_id",
-    "to_record",
 ]
 
 DEFAULT_KEY = f"header:{MESSAGE_ID}"
@@ -92,7 +92,7 @@ def record_message_id(topic: str, partition: int, offset: int) -> str:
     return str(uuid.uuid5(RECORD_ID_NAMESPACE, native_id(topic, partition, offset)))
 
 
-def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
+def outgoing(envelope: Envelope, key_spec: str, now: float) -> Record:
     """Lay `envelope` out as a Kafka record written at `now` (epoch seconds)."""
     timestamp_ms = int(now * 1000)
     headers = envelope.headers
@@ -114,7 +114,7 @@ def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
     return Record(key, envelope.body, encoded, timestamp_ms)
 
 
-def from_record(
+def incoming(
     topic: str,
     partition: int,
     offset: int,
@@ -157,7 +157,7 @@ def _expires_at(ttbr: str | None, timestamp_ms: int) -> float | None:
     return timestamp_ms / 1000 + lifetime.total_seconds()
 
 
-def poison_from_record(
+def incoming_poison(
     topic: str,
     partition: int,
     offset: int,
@@ -165,7 +165,7 @@ def poison_from_record(
     headers: RecordHeaders,
     error: HeadersFormatError,
 ) -> PoisonMessage:
-    """A record `from_record` refused, kept for the error queue.
+    """A record `incoming` refused, kept for the error queue.
 
     `raw_headers` is lossless: a JSON array of [name, value] pairs in record order, undecodable
     bytes written as the surrogate escapes of Python's `surrogateescape` (`\\udcff` for 0xff),

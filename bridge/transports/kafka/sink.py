@@ -46,7 +46,7 @@ from bridge.errors import (
 )
 from bridge.protocols import Checkpoint
 from bridge.transports.kafka.errors import DRIVER_ERRORS, translate
-from bridge.transports.kafka.headers import Record, key_header, to_record
+from bridge.transports.kafka.headers import Record, key_header, outgoing
 from bridge.transports.kafka.partition import partitions_for
 
 __all__ = ["KafkaSink", "ProducerFactory", "produce", "refused_batch"]
@@ -74,7 +74,7 @@ class KafkaSink:
         records: list[Record] = []
         for index, envelope in enumerate(envelopes):
             try:
-                records.append(to_record(envelope, self._key_spec, now))
+                records.append(outgoing(envelope, self._key_spec, now))
             except HeadersFormatError as exc:
                 raise MessageRejected(f"kafka: topic {self.topic!r}: {exc}", index=index) from exc
         await produce(self._producer, self.topic, records, self._max_request_size)

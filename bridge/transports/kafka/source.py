@@ -57,13 +57,13 @@ from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError, SettleError
 from bridge.nservicebus.deadletter import error_copy
 from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
-from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
+from bridge.transports.kafka.errors import DRIVER_ERRORS, translate, translated
 from bridge.transports.kafka.headers import (
     DEFAULT_KEY,
     error_record,
-    from_record,
-    poison_from_record,
-    to_record,
+    incoming,
+    incoming_poison,
+    outgoing,
 )
 from bridge.transports.kafka.sink import ProducerFactory, produce
 
@@ -83,11 +83,11 @@ def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any
     for r in records:
         try:
             messages.append(
-                from_record(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
+                incoming(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
             )
         except HeadersFormatError as exc:
             poison.append(
-                (r, poison_from_record(r.topic, r.partition, r.offset, r.value, r.headers, exc))
+                (r, incoming_poison(r.topic, r.partition, r.offset, r.value, r.headers, exc))
             )
     return messages, poison
 
@@ -121,7 +121,7 @@ class ErrorTopic:
         """Write the error-queue copies of messages the destination refused for good."""
         now = time.time()
         records = [
-            to_record(error_copy(r.envelope, r.error, self._failed_q), DEFAULT_KEY, now)
+            outgoing(error_copy(r.envelope, r.error, self._failed_q), DEFAULT_KEY, now)
             for r in rejected
         ]
         await produce(self._producer, self.topic, records, self._max_request_size)
@@ -218,13 +218,13 @@ class KafkaSource:
             raise SettleError("settle the batch in hand before receiving the next one")
         consumer = await self._started()
         await self._seek_to_checkpoints()
-        with kafka_errors(f"receive from topic {self.topic!r}"):
+        with translated(f"receive from topic {self.topic!r}"):
             fetched = await consumer.getmany(
                 timeout_ms=max(0, int(timeout * 1000)), max_records=max_messages
             )
         records = [r for partition_records in fetched.values() for r in partition_records]
         if not records:
-            with kafka_errors(f"read the end offsets of topic {self.topic!r}"):
+            with translated(f"read the end offsets of topic {self.topic!r}"):
                 await self._check_drained()
             return Batch()
         self._drained = False
@@ -287,14 +287,14 @@ class KafkaSource:
             await behind  # the last positions reach the group before the consumer leaves
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            with kafka_errors(f"close the consumer of group {self.group!r}"):
+            with translated(f"close the consumer of group {self.group!r}"):
                 await consumer.stop()
 
     async def _started(self) -> Any:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(**self._consumer_kwargs)
             try:
-                with kafka_errors(f"start a consumer for topic {self.topic!r}"):
+                with translated(f"start a consumer for topic {self.topic!r}"):
                     await consumer.start()
                     consumer.subscribe([self.topic], listener=_Listener(self))
             except BaseException:

@@ -43,7 +43,7 @@ from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.protocols import Checkpoint, CheckpointStore, QueueStats
 from bridge.transports.kafka.config import KafkaConnection
 from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs, producer_kwargs
-from bridge.transports.kafka.errors import kafka_errors, translate
+from bridge.transports.kafka.errors import translate, translated
 from bridge.transports.kafka.headers import DEFAULT_KEY
 from bridge.transports.kafka.sink import KafkaSink
 from bridge.transports.kafka.source import KafkaSource, checkpoint_key
@@ -73,7 +73,7 @@ class Transport:
             if self._producer is None:
                 producer = AIOKafkaProducer(**producer_kwargs(self.config))
                 try:
-                    with kafka_errors(f"connection {self.name!r}: start the producer"):
+                    with translated(f"connection {self.name!r}: start the producer"):
                         await producer.start()
                 except BaseException:
                     await producer.stop()
@@ -127,7 +127,7 @@ class Transport:
         ]
         done: list[str] = []
         async with self._admin("create topics") as admin:
-            with kafka_errors(f"connection {self.name!r}: create topics"):
+            with translated(f"connection {self.name!r}: create topics"):
                 response = await admin.create_topics(topics)
         for topic, code, *message in response.topic_errors:
             error = for_code(code)
@@ -162,7 +162,7 @@ class Transport:
         if address not in await self._topics():
             raise TransportError(f"kafka connection {self.name!r}: no topic {address!r}")
         consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, None))
-        with kafka_errors(f"connection {self.name!r}: peek at topic {address!r}"):
+        with translated(f"connection {self.name!r}: peek at topic {address!r}"):
             await consumer.start()
             try:
                 return await _topic_stats(consumer, address)
@@ -172,7 +172,7 @@ class Transport:
     async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int:
         """Records `group` has yet to read from topic `address`; see the module docstring."""
         consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, group))
-        with kafka_errors(f"connection {self.name!r}: lag of group {group!r} on {address!r}"):
+        with translated(f"connection {self.name!r}: lag of group {group!r} on {address!r}"):
             await consumer.start()
             try:
                 partitions = consumer.partitions_for_topic(address)
@@ -202,19 +202,19 @@ class Transport:
         async with self._producer_lock:
             producer, self._producer = self._producer, None
         if producer is not None:
-            with kafka_errors(f"connection {self.name!r}: stop the producer"):
+            with translated(f"connection {self.name!r}: stop the producer"):
                 await producer.stop()
 
     async def _topics(self) -> set[str]:
         async with self._admin("list topics") as admin:
-            with kafka_errors(f"connection {self.name!r}: list topics"):
+            with translated(f"connection {self.name!r}: list topics"):
                 return set(await admin.list_topics())
 
     @asynccontextmanager
     async def _admin(self, what: str) -> AsyncIterator[Any]:
         admin = AIOKafkaAdminClient(**client_kwargs(self.config))
         try:
-            with kafka_errors(f"connection {self.name!r}: {what}"):
+            with translated(f"connection {self.name!r}: {what}"):
                 await admin.start()
             yield admin
         finally:
