@@ -29,7 +29,7 @@ from bridge.protocols import Sink, Source
 from bridge.protocols import Transport as TransportProtocol
 from bridge.transports.kafka import Transport
 from bridge.transports.kafka.errors import translate, translated
-from bridge.transports.kafka.sink import refused_batch
+from bridge.transports.kafka.producer import refused_batch
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ from bridge.transports.kafka.headers import (
     incoming_poison,
     outgoing,
 )
-from bridge.transports.kafka.sink import ProducerFactory, produce
+from bridge.transports.kafka.producer import ProducerFactory, produce
 
 __all__ = ["ErrorTopic", "KafkaSource", "checkpoint_key", "read_records"]
 

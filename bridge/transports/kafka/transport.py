@@ -28,13 +28,12 @@ Administration
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
@@ -42,9 +41,10 @@ from bridge.errors import ConfigError, TransportError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.protocols import Checkpoint, CheckpointStore, QueueStats
 from bridge.transports.kafka.config import KafkaConnection
-from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs, producer_kwargs
+from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs
 from bridge.transports.kafka.errors import translate, translated
 from bridge.transports.kafka.headers import DEFAULT_KEY
+from bridge.transports.kafka.producer import SharedProducer
 from bridge.transports.kafka.sink import KafkaSink
 from bridge.transports.kafka.source import KafkaSource, checkpoint_key
 
@@ -63,23 +63,9 @@ class Transport:
     def __init__(self, name: str, config: KafkaConnection) -> None:
         self.name = name
         self.config = config
-        self._producer: Any = None  # AIOKafkaProducer, started by the first sink or poison copy
-        self._producer_lock = asyncio.Lock()
+        #: The connection's one producer (started on first use by a sink or an error copy).
+        self.producer = SharedProducer(name, config)
         self._sources: set[KafkaSource] = set()
-
-    async def producer(self) -> Any:
-        """The connection's one started producer."""
-        async with self._producer_lock:
-            if self._producer is None:
-                producer = AIOKafkaProducer(**producer_kwargs(self.config))
-                try:
-                    with translated(f"connection {self.name!r}: start the producer"):
-                        await producer.start()
-                except BaseException:
-                    await producer.stop()
-                    raise
-                self._producer = producer
-            return self._producer
 
     def source(
         self,
@@ -199,11 +185,7 @@ class Transport:
         sources, self._sources = self._sources, set()
         for source in sources:
             await source.close()
-        async with self._producer_lock:
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            with translated(f"connection {self.name!r}: stop the producer"):
-                await producer.stop()
+        await self.producer.close()
 
     async def _topics(self) -> set[str]:
         async with self._admin("list topics") as admin:
