@@ -35,8 +35,10 @@ from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.config import KafkaConnection
 from bridge.transports.kafka.connection import consumer_kwargs
+from bridge.transports.kafka.deadletter import ErrorTopic
 from bridge.transports.kafka.errors import translated
-from bridge.transports.kafka.source import ErrorTopic, checkpoint_key, read_records
+from bridge.transports.kafka.headers import read_records
+from bridge.transports.kafka.source import checkpoint_key
 from bridge.transports.sql.queue import CheckpointConflict, SqlSink
 
 __all__ = [

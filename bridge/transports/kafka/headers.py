@@ -19,8 +19,8 @@ a null record value (a tombstone) reads as an empty body; a TimeToBeReceived hea
 envelope without `expires_at` is carried as is, so the reader counts it from the record
 timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `incoming`
 raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
-`incoming_poison`), whose error-queue copy `error_record` writes byte for byte with the
-NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
+`incoming_poison`), whose error-queue copy `deadletter.error_record` writes byte for byte with
+the NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
 (a lone surrogate) raises `HeadersFormatError` from `outgoing`.
 """
 
@@ -29,13 +29,12 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.nservicebus.deadletter import failure_headers
 from bridge.nservicebus.wireformat import format_timespan, parse_timespan
 
 __all__ = [
@@ -43,12 +42,12 @@ __all__ = [
     "RECORD_ID_NAMESPACE",
     "Record",
     "RecordHeaders",
-    "error_record",
     "incoming",
     "incoming_poison",
     "key_header",
     "native_id",
     "outgoing",
+    "read_records",
     "record_message_id",
 ]
 
@@ -58,8 +57,6 @@ DEFAULT_KEY = f"header:{MESSAGE_ID}"
 RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
 
 RecordHeaders = Sequence[tuple[str, bytes | None]]
-
-#: NServiceBus truncates `NServiceBus.ExceptionInfo.Message` to this many characters.
 
 
 class Record(NamedTuple):
@@ -188,23 +185,17 @@ def incoming_poison(
     )
 
 
-def error_record(
-    key: bytes | None,
-    headers: RecordHeaders,
-    poison: PoisonMessage,
-    failed_q: str,
-    now: float,
-) -> Record:
-    """The error-queue copy of a poison record: its key, value and headers byte for byte, with
-    the failure headers ServiceControl reads appended (the last occurrence wins on read).
-
-    A record without `NServiceBus.MessageId` also gets its deterministic id, so ServicePulse
-    can retry it to `failed_q`.
-    """
-    failure: list[tuple[str, str | None]] = list(
-        failure_headers(poison.reason, failed_q, exception_type=poison.exception_type)
-    )
-    if not any(name == MESSAGE_ID for name, _ in headers):
-        failure.insert(0, (MESSAGE_ID, poison.headers.get(MESSAGE_ID)))
-    encoded = [(name, None if value is None else value.encode()) for name, value in failure]
-    return Record(key, poison.body, [*headers, *encoded], int(now * 1000))
+def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any, PoisonMessage]]]:
+    """Split aiokafka `ConsumerRecord`s into envelopes and (record, poison) pairs, in order."""
+    messages: list[Envelope] = []
+    poison: list[tuple[Any, PoisonMessage]] = []
+    for r in records:
+        try:
+            messages.append(
+                incoming(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
+            )
+        except HeadersFormatError as exc:
+            poison.append(
+                (r, incoming_poison(r.topic, r.partition, r.offset, r.value, r.headers, exc))
+            )
+    return messages, poison
