@@ -33,7 +33,7 @@ from bridge.transports.kafka.config import KafkaConnection
 from bridge.transports.kafka.connection import producer_kwargs
 from bridge.transports.kafka.errors import DRIVER_ERRORS, translate, translated
 from bridge.transports.kafka.headers import Record
-from bridge.transports.kafka.partition import partitions_for
+from bridge.transports.kafka.partitioner import partitions_for
 
 __all__ = ["ProducerFactory", "SharedProducer", "produce", "refused_batch"]
 
@@ -138,7 +138,7 @@ async def _record_batches(
 ) -> list[tuple[int, int, Any]]:
     """(index of its first record, partition, closed BatchBuilder), in the order to send them.
 
-    Partitions are chosen as the producer's own `send` would (`partition.py`), so keys keep
+    Partitions are chosen as the producer's own `send` would (`partitioner.py`), so keys keep
     their partition.
     """
     every = sorted(await producer.partitions_for(topic))
