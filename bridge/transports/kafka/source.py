@@ -227,8 +227,9 @@ class KafkaSource:
             try:
                 with translated(f"start a consumer for topic {self.topic!r}"):
                     await consumer.start()
-                    listener = RebalanceListener(
-                        on_revoked=self._on_revoked, on_assigned=self._on_assigned
+                    listener = RebalanceListener(  # the handlers are looked up at each call
+                        on_revoked=lambda revoked: self._on_revoked(revoked),
+                        on_assigned=lambda assigned: self._on_assigned(assigned),
                     )
                     consumer.subscribe([self.topic], listener=listener)
             except BaseException:
