@@ -190,7 +190,7 @@ _headers = st.lists(st.tuples(_text, st.none() | _text), max_size=12)
     lifetime=st.none() | st.floats(min_value=0.001, max_value=86_400 * 30),
     offset=st.integers(min_value=0, max_value=2**62),
 )
-def test_to_record_then_from_record_is_identity(
+def test_outgoing_then_incoming_is_identity(
     items: list[tuple[str, str | None]], body: bytes, lifetime: float | None, offset: int
 ) -> None:
     headers = Headers([(MESSAGE_ID, "id"), *((k, v) for k, v in items if k != MESSAGE_ID)])
@@ -213,7 +213,7 @@ def test_to_record_then_from_record_is_identity(
 
 
 @given(items=_headers, offset=st.integers(min_value=0, max_value=2**62))
-def test_from_record_then_to_record_is_identity(
+def test_incoming_then_outgoing_is_identity(
     items: list[tuple[str, str | None]], offset: int
 ) -> None:
     raw = [(k, None if v is None else v.encode()) for k, v in items if k != TIME_TO_BE_RECEIVED]

@@ -12,7 +12,8 @@ Read: headers come back in order with duplicates and nulls. `expires_at` is
 timestamp + TimeToBeReceived when that header parses as a TimeSpan (an unparseable one is kept
 as a header and means no expiry). A record without `NServiceBus.MessageId` gets a deterministic
 one, uuid5 of `RECORD_ID_NAMESPACE` and "topic/partition/offset", appended as that header, so a
-redelivered record keeps its id. `native_id` is "topic/partition/offset".
+redelivered record keeps its id. `native_id` is "topic/partition/offset". `read_records` reads
+a fetch of aiokafka `ConsumerRecord`s into envelopes and poison.
 
 Lossy, on purpose: the record key is not read back (on write it is derived from the headers);
 a null record value (a tombstone) reads as an empty body; a TimeToBeReceived header on an
