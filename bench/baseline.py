@@ -11,7 +11,7 @@ from typing import Any
 from bench.legs import KafkaPlace, RabbitPlace, SqlPlace
 from bench.messages import unique
 from bridge.envelope import Envelope, Headers
-from bridge.transports.kafka.headers import to_record
+from bridge.transports.kafka import headers as kafka_headers
 from bridge.transports.rabbitmq import headers as amqp_headers
 
 __all__ = ["ONE_BY_ONE"]
@@ -27,7 +27,9 @@ async def one_by_one_sql_kafka(source: SqlPlace, destination: KafkaPlace, n: int
             taken = source.take_one(db)
             assert taken is not None
             headers, body = taken
-            record = to_record(Envelope(Headers(headers.items()), body), _KEY, time.time())
+            record = kafka_headers.outgoing(
+                Envelope(Headers(headers.items()), body), _KEY, time.time()
+            )
             await producer.send_and_wait(
                 destination.address, record.value, key=record.key, headers=record.headers
             )

@@ -17,7 +17,7 @@ from bench.messages import NUMBER, WRITTEN_AT, Message, body_of, headers_of, uni
 from bridge.config.models import KafkaConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
-from bridge.transports.kafka.headers import to_record
+from bridge.transports.kafka.headers import outgoing
 
 __all__ = ["DEFAULT_PARTITIONS", "KafkaPlace"]
 
@@ -102,7 +102,7 @@ class KafkaPlace(Place):
     def records(messages: Sequence[Message]) -> list[Any]:
         now = time.time()
         return [
-            to_record(Envelope(Headers(h.items()), body), "header:NServiceBus.MessageId", now)
+            outgoing(Envelope(Headers(h.items()), body), "header:NServiceBus.MessageId", now)
             for h, body in messages
         ]
 

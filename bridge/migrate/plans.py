@@ -99,7 +99,7 @@ class KafkaPlan(Plan):
     def __init__(self, config: BridgeConfig, route: Route) -> None:
         from bridge.migrate.kafkatask import kafka_task
         from bridge.transports.kafka import Transport as KafkaTransport
-        from bridge.transports.kafka.source import checkpoint_key
+        from bridge.transports.kafka import checkpoint_key
         from bridge.transports.sql.queue import SqlSink
 
         self.task = kafka_task
@@ -117,12 +117,10 @@ class KafkaPlan(Plan):
         self._ranges: list[tuple[int, int, int]] = []
 
     async def check(self) -> None:
-        from bridge.migrate.kafkatask import partition_offsets
-
         route = self._route
         await self._kafka.check([route.from_.address, route.error_queue_name])
         await self._sql.check([route.to.address])
-        offsets = await partition_offsets(self._kafka.config, route.from_.address)
+        offsets = await self._kafka.partition_offsets(route.from_.address)
         stored = await self._sink.load_checkpoint(self._prefix)
         for partition, (begin, end) in sorted(offsets.items()):
             start = max(begin, stored.get(self._key(partition), begin))

@@ -23,7 +23,7 @@ from bridge.envelope import Envelope
 from bridge.errors import MessageRejected
 from bridge.migrate.bounded import run_until_exhausted
 from bridge.migrate.driver import migrate
-from bridge.migrate.kafkatask import PartitionSource, RangeTakenOver, move_partition
+from bridge.migrate.kafkatask import RangeTakenOver, move_partition
 from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
 from bridge.protocols import Transport
 from bridge.transports import load
@@ -327,14 +327,8 @@ async def test_a_partition_source_dead_letters_what_the_destination_refuses(
     _, route = JobSpec.from_file(str(setup.config), "from-kafka").load()
     kafka = setup.transport("kafka")
     assert isinstance(kafka, KafkaTransport)
-    source = PartitionSource(
-        kafka,
-        topic=setup.topic,
-        partition=0,
-        start=0,
-        end=end[0],
-        group=setup.group,
-        error_queue=setup.errors,
+    source = kafka.source(
+        setup.topic, group=setup.group, error_queue=setup.errors, offsets=(0, 0, end[0])
     )
     sink = RefusingSink()
     try:

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.transports.kafka.headers import DEFAULT_KEY, from_record, poison_from_record, to_record
+from bridge.transports.kafka import headers as kafka_headers
+from bridge.transports.kafka.headers import DEFAULT_KEY
 from bridge.transports.rabbitmq import headers as amqp_headers
 from bridge.transports.sql import headers as sql_headers
 
@@ -71,9 +72,9 @@ def test_any_kafka_record(
     headers: list[tuple[str, bytes | None]], value: bytes | None, timestamp: int, offset: int
 ) -> None:
     try:
-        envelope = from_record("t", 0, offset, None, value, headers, timestamp)
+        envelope = kafka_headers.incoming("t", 0, offset, None, value, headers, timestamp)
     except HeadersFormatError as exc:
-        poison = poison_from_record("t", 0, offset, value, headers, exc)
+        poison = kafka_headers.incoming_poison("t", 0, offset, value, headers, exc)
         assert isinstance(poison, PoisonMessage)
     else:
         assert isinstance(envelope, Envelope)
@@ -162,7 +163,7 @@ def test_lone_surrogates_are_poison_on_read_and_rejected_on_write(
     kafka_ok = all(utf8_can_carry(k) and utf8_can_carry(v) for k, v in headers)
     for ok, codec, refusal in (
         (sql_ok, lambda: sql_headers.encode(headers), HeadersFormatError),
-        (kafka_ok, lambda: to_record(envelope, DEFAULT_KEY, 0.0), HeadersFormatError),
+        (kafka_ok, lambda: kafka_headers.outgoing(envelope, DEFAULT_KEY, 0.0), HeadersFormatError),
         (sql_ok, lambda: amqp_headers.outgoing(envelope, 0.0), MessageRejected),
     ):
         if ok:

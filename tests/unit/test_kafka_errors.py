@@ -28,8 +28,8 @@ from bridge.errors import (
 from bridge.protocols import Sink, Source
 from bridge.protocols import Transport as TransportProtocol
 from bridge.transports.kafka import Transport
-from bridge.transports.kafka.errors import kafka_errors, translate
-from bridge.transports.kafka.sink import refused_batch
+from bridge.transports.kafka.errors import translate, translated
+from bridge.transports.kafka.producer import refused_batch
 
 
 @pytest.mark.parametrize(
@@ -97,10 +97,10 @@ def test_bridge_errors_pass_through() -> None:
 
 def test_the_context_manager_chains_the_driver_error() -> None:
     cause = KafkaConnectionError("refused")
-    with pytest.raises(TransportUnavailable) as caught, kafka_errors("connect"):
+    with pytest.raises(TransportUnavailable) as caught, translated("connect"):
         raise cause
     assert caught.value.__cause__ is cause
-    with pytest.raises(ZeroDivisionError), kafka_errors("bugs are not driver errors"):
+    with pytest.raises(ZeroDivisionError), translated("bugs are not driver errors"):
         _ = 1 / 0
 
 

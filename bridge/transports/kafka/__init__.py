@@ -6,13 +6,15 @@ load their modules on first use.
 
 from bridge.transports import lazy_exports
 
-__all__ = ["KafkaSink", "KafkaSource", "Transport"]
+__all__ = ["KafkaRangeSource", "KafkaSink", "KafkaSource", "Transport", "checkpoint_key"]
 
 __getattr__ = lazy_exports(
     __name__,
     {
+        "KafkaRangeSource": "range_source",
         "KafkaSink": "sink",
         "KafkaSource": "source",
         "Transport": "transport",
+        "checkpoint_key": "source",
     },
 )

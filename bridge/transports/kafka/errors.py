@@ -36,7 +36,7 @@ from aiokafka.errors import (
 
 from bridge.errors import BridgeError, MessageRejected, TransportError, TransportUnavailable
 
-__all__ = ["DRIVER_ERRORS", "kafka_errors", "translate"]
+__all__ = ["DRIVER_ERRORS", "translate", "translated"]
 
 #: What aiokafka and the sockets under it raise; anything else is a bug and propagates as is.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
@@ -78,7 +78,7 @@ def translate(exc: BaseException, what: str, *, index: int | None = None) -> Bri
 
 
 @contextmanager
-def kafka_errors(what: str, *, index: int | None = None) -> Iterator[None]:
+def translated(what: str, *, index: int | None = None) -> Iterator[None]:
     """Raise driver errors from the block as bridge errors (see `translate`)."""
     try:
         yield

@@ -1,4 +1,4 @@
-"""The Kafka record codec (wire-format §9): `to_record` is the inverse of `from_record`.
+"""The Kafka record codec (wire-format §9): `outgoing` is the inverse of `incoming`.
 
 Written: record value = body bytes; one record header per NServiceBus header, in order, with
 duplicates kept; values UTF-8; a null header value is a null Kafka header value (not empty).
@@ -12,16 +12,17 @@ Read: headers come back in order with duplicates and nulls. `expires_at` is
 timestamp + TimeToBeReceived when that header parses as a TimeSpan (an unparseable one is kept
 as a header and means no expiry). A record without `NServiceBus.MessageId` gets a deterministic
 one, uuid5 of `RECORD_ID_NAMESPACE` and "topic/partition/offset", appended as that header, so a
-redelivered record keeps its id. `native_id` is "topic/partition/offset".
+redelivered record keeps its id. `native_id` is "topic/partition/offset". `read_records` reads
+a fetch of aiokafka `ConsumerRecord`s into envelopes and poison.
 
 Lossy, on purpose: the record key is not read back (on write it is derived from the headers);
 a null record value (a tombstone) reads as an empty body; a TimeToBeReceived header on an
 envelope without `expires_at` is carried as is, so the reader counts it from the record
-timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `from_record`
+timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `incoming`
 raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
-`poison_from_record`), whose error-queue copy `error_record` writes byte for byte with the
-NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
-(a lone surrogate) raises `HeadersFormatError` from `to_record`.
+`incoming_poison`), whose error-queue copy `deadletter.error_record` writes byte for byte with
+the NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
+(a lone surrogate) raises `HeadersFormatError` from `outgoing`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,12 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.nservicebus.deadletter import failure_headers
 from bridge.nservicebus.wireformat import format_timespan, parse_timespan
 
 __all__ = [
@@ -43,13 +43,13 @@ __all__ = [
     "RECORD_ID_NAMESPACE",
     "Record",
     "RecordHeaders",
-    "error_record",
-    "from_record",
+    "incoming",
+    "incoming_poison",
     "key_header",
     "native_id",
-    "poison_from_record",
+    "outgoing",
+    "read_records",
     "record_message_id",
-    "to_record",
 ]
 
 DEFAULT_KEY = f"header:{MESSAGE_ID}"
@@ -58,8 +58,6 @@ DEFAULT_KEY = f"header:{MESSAGE_ID}"
 RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
 
 RecordHeaders = Sequence[tuple[str, bytes | None]]
-
-#: NServiceBus truncates `NServiceBus.ExceptionInfo.Message` to this many characters.
 
 
 class Record(NamedTuple):
@@ -92,7 +90,7 @@ def record_message_id(topic: str, partition: int, offset: int) -> str:
     return str(uuid.uuid5(RECORD_ID_NAMESPACE, native_id(topic, partition, offset)))
 
 
-def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
+def outgoing(envelope: Envelope, key_spec: str, now: float) -> Record:
     """Lay `envelope` out as a Kafka record written at `now` (epoch seconds)."""
     timestamp_ms = int(now * 1000)
     headers = envelope.headers
@@ -114,7 +112,7 @@ def to_record(envelope: Envelope, key_spec: str, now: float) -> Record:
     return Record(key, envelope.body, encoded, timestamp_ms)
 
 
-def from_record(
+def incoming(
     topic: str,
     partition: int,
     offset: int,
@@ -157,7 +155,7 @@ def _expires_at(ttbr: str | None, timestamp_ms: int) -> float | None:
     return timestamp_ms / 1000 + lifetime.total_seconds()
 
 
-def poison_from_record(
+def incoming_poison(
     topic: str,
     partition: int,
     offset: int,
@@ -165,7 +163,7 @@ def poison_from_record(
     headers: RecordHeaders,
     error: HeadersFormatError,
 ) -> PoisonMessage:
-    """A record `from_record` refused, kept for the error queue.
+    """A record `incoming` refused, kept for the error queue.
 
     `raw_headers` is lossless: a JSON array of [name, value] pairs in record order, undecodable
     bytes written as the surrogate escapes of Python's `surrogateescape` (`\\udcff` for 0xff),
@@ -188,23 +186,17 @@ def poison_from_record(
     )
 
 
-def error_record(
-    key: bytes | None,
-    headers: RecordHeaders,
-    poison: PoisonMessage,
-    failed_q: str,
-    now: float,
-) -> Record:
-    """The error-queue copy of a poison record: its key, value and headers byte for byte, with
-    the failure headers ServiceControl reads appended (the last occurrence wins on read).
-
-    A record without `NServiceBus.MessageId` also gets its deterministic id, so ServicePulse
-    can retry it to `failed_q`.
-    """
-    failure: list[tuple[str, str | None]] = list(
-        failure_headers(poison.reason, failed_q, exception_type=poison.exception_type)
-    )
-    if not any(name == MESSAGE_ID for name, _ in headers):
-        failure.insert(0, (MESSAGE_ID, poison.headers.get(MESSAGE_ID)))
-    encoded = [(name, None if value is None else value.encode()) for name, value in failure]
-    return Record(key, poison.body, [*headers, *encoded], int(now * 1000))
+def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any, PoisonMessage]]]:
+    """Split aiokafka `ConsumerRecord`s into envelopes and (record, poison) pairs, in order."""
+    messages: list[Envelope] = []
+    poison: list[tuple[Any, PoisonMessage]] = []
+    for r in records:
+        try:
+            messages.append(
+                incoming(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
+            )
+        except HeadersFormatError as exc:
+            poison.append(
+                (r, incoming_poison(r.topic, r.partition, r.offset, r.value, r.headers, exc))
+            )
+    return messages, poison

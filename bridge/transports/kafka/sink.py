@@ -1,14 +1,9 @@
 """Kafka sink: envelopes become records on one topic, acknowledged by every in-sync replica.
 
 Guarantees
-    `send` returns only when every record of the call is acknowledged with `acks=all`. The
-    records of a call are laid into one closed record batch per partition (split at
-    `max_batch_size`) and handed to the transport's one shared producer together, so they go out
-    at once (a call is a complete batch: lingering for more would only add latency),
-    then awaited together. Records with the same key go to the same partition (the producer's
-    default partitioner) in the order of `envelopes` (the producer keeps one request in flight
-    per broker). A failure is never swallowed: when several records fail, the one with the lowest
-    index decides what is raised.
+    `send` returns only when every record of the call is acknowledged with `acks=all`, through
+    the transport's one shared producer (`producer.py`: records of a call go out together,
+    records with the same key go to the same partition in the order of `envelopes`).
 
 What is lossy
     Nothing of the envelope (see `headers.py` for the record layout). The sink is not a
@@ -17,42 +12,25 @@ What is lossy
     connection has `idempotence: true`.
 
 Errors
-    `MessageRejected(index)` when a record can never be written: larger than `max_request_size`
-    (checked before anything of the call is written), refused by the broker as too large or with
-    an invalid timestamp, a header that is not UTF-8 text, or a topic that the cluster does not
-    have (aiokafka waits `request_timeout_ms` for it first; `bridge check --connect` finds it up
-    front). The broker refuses a whole record batch: when that batch held more than one record,
-    the index is None (which record is at fault is unknown; `refused_batch`).
-    `TransportUnavailable` for what may go away (connection, timeouts, leader changes);
-    `TransportError` for the rest (see `errors.py`).
+    `MessageRejected(index)` when a record can never be written: a header that is not UTF-8
+    text, or what `producer.py` rejects (too large, an invalid timestamp, a topic the cluster
+    does not have: `bridge check --connect` finds that one up front). `TransportUnavailable`
+    for what may go away (connection, timeouts, leader changes); `TransportError` for the rest
+    (see `errors.py`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
-
-from aiokafka.errors import UnknownTopicOrPartitionError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from collections.abc import Sequence
 
 from bridge.envelope import Envelope
-from bridge.errors import (
-    BridgeError,
-    HeadersFormatError,
-    MessageRejected,
-    TransportUnavailable,
-)
+from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.protocols import Checkpoint
-from bridge.transports.kafka.errors import DRIVER_ERRORS, translate
-from bridge.transports.kafka.headers import Record, key_header, to_record
-from bridge.transports.kafka.partition import partitions_for
+from bridge.transports.kafka.headers import Record, key_header, outgoing
+from bridge.transports.kafka.producer import ProducerFactory, produce
 
-__all__ = ["KafkaSink", "ProducerFactory", "produce", "refused_batch"]
-
-#: Returns the transport's started producer (an `aiokafka.AIOKafkaProducer`).
-ProducerFactory = Callable[[], Awaitable[Any]]
+__all__ = ["KafkaSink"]
 
 
 class KafkaSink:
@@ -74,114 +52,10 @@ class KafkaSink:
         records: list[Record] = []
         for index, envelope in enumerate(envelopes):
             try:
-                records.append(to_record(envelope, self._key_spec, now))
+                records.append(outgoing(envelope, self._key_spec, now))
             except HeadersFormatError as exc:
                 raise MessageRejected(f"kafka: topic {self.topic!r}: {exc}", index=index) from exc
         await produce(self._producer, self.topic, records, self._max_request_size)
 
     async def close(self) -> None:
         """Nothing to release: the producer belongs to the transport and outlives its sinks."""
-
-
-async def produce(
-    producer_factory: ProducerFactory,
-    topic: str,
-    records: Sequence[Record],
-    max_request_size: int,
-) -> None:
-    """Write `records` to `topic` and wait until all are acknowledged (see the module doc).
-
-    The records are laid into one closed record batch per partition (more when one would pass
-    `max_batch_size`), which the producer sends at once instead of lingering for more.
-    """
-    for index, record in enumerate(records):
-        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
-            record.key, record.value, record.headers
-        )
-        if size > max_request_size:
-            raise MessageRejected(
-                f"kafka: record for topic {topic!r} is {size} bytes, more than "
-                f"max_request_size ({max_request_size})",
-                index=index,
-            )
-    what = f"send to topic {topic!r}"
-    try:
-        producer = await producer_factory()
-    except DRIVER_ERRORS as exc:
-        raise translate(exc, "start the producer") from exc
-    try:
-        batches = await _record_batches(producer, topic, records)
-    except DRIVER_ERRORS as exc:
-        raise await _explain(producer, topic, what, 0, exc) from exc
-    pending: list[tuple[int, int, asyncio.Future[Any]]] = []
-    failure: tuple[int, int, BaseException] | None = None
-    for first, partition, builder in batches:
-        try:
-            sent = await producer.send_batch(builder, topic, partition=partition)
-        except DRIVER_ERRORS as exc:
-            failure = (first, builder.record_count(), exc)
-            break
-        pending.append((first, builder.record_count(), sent))
-    # Wait for what was handed over even after a failure, so nothing is left in flight unseen.
-    results = await asyncio.gather(*(future for _, _, future in pending), return_exceptions=True)
-    for (first, count, _), result in zip(pending, results, strict=True):
-        if isinstance(result, BaseException) and (failure is None or first < failure[0]):
-            failure = (first, count, result)
-    if failure is not None:
-        index, count, cause = failure
-        raise refused_batch(await _explain(producer, topic, what, index, cause), count) from cause
-
-
-def refused_batch(error: BridgeError, records: int) -> BridgeError:
-    """`error` for a record batch of `records` records that the broker refused as a whole.
-
-    The broker answers for the batch: when it held more than one record, which of them is too
-    large (or otherwise refused) is unknown, so the rejection names none and the runner sends
-    each message alone to find it, instead of blaming the batch's first, maybe innocent, one.
-    """
-    if isinstance(error, MessageRejected) and error.index is not None and records > 1:
-        return MessageRejected(str(error), index=None)
-    return error
-
-
-async def _record_batches(
-    producer: Any, topic: str, records: Sequence[Record]
-) -> list[tuple[int, int, Any]]:
-    """(index of its first record, partition, closed BatchBuilder), in the order to send them.
-
-    Partitions are chosen as the producer's own `send` would (`partition.py`), so keys keep
-    their partition.
-    """
-    every = sorted(await producer.partitions_for(topic))
-    available = sorted(producer.client.cluster.available_partitions_for_topic(topic)) or every
-    batches: list[tuple[int, int, Any]] = []
-    open_builders: dict[int, Any] = {}
-    chosen = partitions_for([record.key for record in records], every, available)
-    for index, ((key, value, headers, timestamp_ms), partition) in enumerate(
-        zip(records, chosen, strict=True)
-    ):
-        builder = open_builders.get(partition)
-        if builder is None or (
-            builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers) is None
-        ):
-            builder = open_builders[partition] = producer.create_batch()
-            builder.append(timestamp=timestamp_ms, key=key, value=value, headers=headers)
-            batches.append((index, partition, builder))
-    for _, _, builder in batches:
-        builder.close()  # a closed batch is sent now; an open one would linger for more
-    return batches
-
-
-async def _explain(
-    producer: Any, topic: str, what: str, index: int, exc: BaseException
-) -> BridgeError:
-    if isinstance(exc, asyncio.CancelledError):  # the producer was stopped under the send
-        return TransportUnavailable(f"kafka: {what}: the producer was closed")
-    if isinstance(exc, UnknownTopicOrPartitionError):
-        try:
-            cluster = await producer.client.fetch_all_metadata()
-        except DRIVER_ERRORS:
-            return translate(exc, what, index=index)
-        if topic not in cluster.topics():
-            return MessageRejected(f"kafka: {what}: the topic does not exist", index=index)
-    return translate(exc, what, index=index)

@@ -17,16 +17,8 @@ Guarantees
     waiting a broker round trip; without one, `commit()` returns once the group committed.
 
 Rebalancing
-    When partitions are taken away while a batch is in hand, the revocation waits up to
-    `revoke_grace` seconds (at most half the session timeout) for the batch to settle, so a
-    clean hand-over commits first. A commit that still fails because the group moved on
-    (`CommitFailedError`, partition no longer assigned) is logged, not raised: the partition's
-    next owner receives those records again (duplicates only of what was in flight). With a
-    checkpoint store there are no duplicates: of the late batch and the next owner's (or, after
-    an eager rebalance gave the partition back, this consumer's own next batch from the stored
-    position) only the first to store its positions commits; the other's send rolls back
-    (`PositionMoved`), the runner aborts it, and an aborted batch's partitions load their
-    stored positions again before anything more is fetched from them.
+    A revocation waits (`revoke_grace`) for the batch in hand to settle; newly assigned
+    partitions wait, paused, for their stored positions. See `rebalance.py`.
 
 Poison and expiry
     A record whose headers are not UTF-8 is a `PoisonMessage` in `batch.poison`; before the batch
@@ -46,89 +38,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from bridge.batch import Batch, Rejected
-from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError, SettleError
-from bridge.nservicebus.deadletter import error_copy
+from bridge.errors import SettleError
 from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
-from bridge.transports.kafka.errors import DRIVER_ERRORS, kafka_errors, translate
-from bridge.transports.kafka.headers import (
-    DEFAULT_KEY,
-    error_record,
-    from_record,
-    poison_from_record,
-    to_record,
-)
-from bridge.transports.kafka.sink import ProducerFactory, produce
+from bridge.transports.kafka.deadletter import ErrorTopic
+from bridge.transports.kafka.errors import DRIVER_ERRORS, translate, translated
+from bridge.transports.kafka.headers import read_records
+from bridge.transports.kafka.producer import ProducerFactory
+from bridge.transports.kafka.rebalance import RebalanceListener
 
-__all__ = ["ErrorTopic", "KafkaSource", "checkpoint_key", "read_records"]
+__all__ = ["KafkaSource", "checkpoint_key"]
 
 log = logging.getLogger("bridge.kafka")
 
 
 def checkpoint_key(group: str, topic: str, partition: int) -> str:
     return f"{group}/{topic}/{partition}"
-
-
-def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any, PoisonMessage]]]:
-    """Split aiokafka `ConsumerRecord`s into envelopes and (record, poison) pairs, in order."""
-    messages: list[Envelope] = []
-    poison: list[tuple[Any, PoisonMessage]] = []
-    for r in records:
-        try:
-            messages.append(
-                from_record(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
-            )
-        except HeadersFormatError as exc:
-            poison.append(
-                (r, poison_from_record(r.topic, r.partition, r.offset, r.value, r.headers, exc))
-            )
-    return messages, poison
-
-
-class ErrorTopic:
-    """A Kafka source's error topic: poison copies (once each) and rejected messages."""
-
-    def __init__(
-        self, producer: ProducerFactory, topic: str, failed_q: str, max_request_size: int
-    ) -> None:
-        self.topic = topic
-        self._producer = producer
-        self._failed_q = failed_q
-        self._max_request_size = max_request_size
-        self._copied: set[tuple[TopicPartition, int]] = set()  # poison already copied
-
-    async def copy_poison(self, poison: list[tuple[Any, PoisonMessage]]) -> None:
-        """Copy each poison record byte for byte, plus failure headers; once per record."""
-        now = time.time()
-        todo = [
-            (where, error_record(r.key, r.headers, copy, self._failed_q, now))
-            for r, copy in poison
-            if (where := (TopicPartition(r.topic, r.partition), r.offset)) not in self._copied
-        ]
-        if todo:
-            records = [record for _, record in todo]
-            await produce(self._producer, self.topic, records, self._max_request_size)
-            self._copied.update(where for where, _ in todo)
-
-    async def dead_letter(self, rejected: list[Rejected]) -> None:
-        """Write the error-queue copies of messages the destination refused for good."""
-        now = time.time()
-        records = [
-            to_record(error_copy(r.envelope, r.error, self._failed_q), DEFAULT_KEY, now)
-            for r in rejected
-        ]
-        await produce(self._producer, self.topic, records, self._max_request_size)
-
-    def forget(self, keep: Callable[[TopicPartition, int], bool]) -> None:
-        """Drop what no longer needs remembering (committed, or another owner's now)."""
-        self._copied = {(tp, offset) for tp, offset in self._copied if keep(tp, offset)}
 
 
 class KafkaSource:
@@ -218,13 +149,13 @@ class KafkaSource:
             raise SettleError("settle the batch in hand before receiving the next one")
         consumer = await self._started()
         await self._seek_to_checkpoints()
-        with kafka_errors(f"receive from topic {self.topic!r}"):
+        with translated(f"receive from topic {self.topic!r}"):
             fetched = await consumer.getmany(
                 timeout_ms=max(0, int(timeout * 1000)), max_records=max_messages
             )
         records = [r for partition_records in fetched.values() for r in partition_records]
         if not records:
-            with kafka_errors(f"read the end offsets of topic {self.topic!r}"):
+            with translated(f"read the end offsets of topic {self.topic!r}"):
                 await self._check_drained()
             return Batch()
         self._drained = False
@@ -287,16 +218,20 @@ class KafkaSource:
             await behind  # the last positions reach the group before the consumer leaves
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            with kafka_errors(f"close the consumer of group {self.group!r}"):
+            with translated(f"close the consumer of group {self.group!r}"):
                 await consumer.stop()
 
     async def _started(self) -> Any:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(**self._consumer_kwargs)
             try:
-                with kafka_errors(f"start a consumer for topic {self.topic!r}"):
+                with translated(f"start a consumer for topic {self.topic!r}"):
                     await consumer.start()
-                    consumer.subscribe([self.topic], listener=_Listener(self))
+                    listener = RebalanceListener(  # the handlers are looked up at each call
+                        on_revoked=lambda revoked: self._on_revoked(revoked),
+                        on_assigned=lambda assigned: self._on_assigned(assigned),
+                    )
+                    consumer.subscribe([self.topic], listener=listener)
             except BaseException:
                 await consumer.stop()
                 raise
@@ -420,14 +355,3 @@ class KafkaSource:
             await asyncio.wait_for(settled.wait(), self.revoke_grace)
         except TimeoutError:
             log.warning("group %s: partitions revoked while a batch is in hand", self.group)
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
-    def __init__(self, source: KafkaSource) -> None:
-        self._source = source
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._source._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._source._on_assigned(assigned)

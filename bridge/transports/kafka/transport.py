@@ -2,9 +2,21 @@
 
 Features
     One producer per connection, shared by every sink and by the sources' error-queue copies,
-    started on first use (`acks=all`; idempotence as configured). One consumer per source, in
-    the route's consumer group, committing only what its destination made durable. Records are
-    laid out as `headers.py` says; delivery guarantees are in `sink.py` and `source.py`.
+    started on first use (`producer.py`). One consumer per source, in the route's consumer
+    group, committing only what its destination made durable (`source.py`, `rebalance.py`);
+    bulk jobs read one partition's offset range with `source(..., offsets=...)`
+    (`range_source.py`). Records are laid out as `headers.py` says.
+
+Connection
+    `bootstrap_servers` (a comma-separated host:port list), `security_protocol` with SASL
+    credentials or SSL certificate files (`config.py` checks which go together; `connection.py`
+    turns them into aiokafka's arguments).
+
+Options
+    `idempotence` (on unless the broker cannot), `compression_type`, `max_batch_size` (a send
+    is split into record batches of at most this), `max_request_size` (the largest record a
+    sink writes and a consumer fetches), `session_timeout_ms` (how soon a dead bridge's
+    partitions move), and the `partitions` and `replication_factor` of topics `install` creates.
 
 Addresses
     An address is a topic name, also in NServiceBus headers (`canonical_address` is the
@@ -23,18 +35,32 @@ Administration
     `expired = 0` (Kafka does not know).
     `lag` is what a consumer group has yet to read: per partition, the end offset minus where
     the group resumes (the destination's stored position, else the committed offset, else the
-    beginning), summed. It reads offsets without joining the group.
+    beginning), summed. It reads offsets without joining the group. `partition_offsets` is
+    each partition's beginning and end offset, for planning a bulk job.
+
+Limits
+    A record is at most `max_request_size` bytes. Order holds per partition: records with the
+    same key keep their order.
+
+Errors
+    See `errors.py`: an unreachable broker, timeouts, leader and coordinator moves are
+    `TransportUnavailable` (retriable); a record refused for good is `MessageRejected`;
+    authorization and other refusals are `TransportError`.
+
+What is lossy
+    Kafka destinations are at-least-once (a retried send may duplicate a record unless
+    `idempotence` is on); the record key is derived from the headers and not read back; a
+    tombstone reads as an empty body (`headers.py`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, overload
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
@@ -42,13 +68,15 @@ from bridge.errors import ConfigError, TransportError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.protocols import Checkpoint, CheckpointStore, QueueStats
 from bridge.transports.kafka.config import KafkaConnection
-from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs, producer_kwargs
-from bridge.transports.kafka.errors import kafka_errors, translate
+from bridge.transports.kafka.connection import client_kwargs, consumer_kwargs
+from bridge.transports.kafka.errors import translate, translated
 from bridge.transports.kafka.headers import DEFAULT_KEY
+from bridge.transports.kafka.producer import SharedProducer
+from bridge.transports.kafka.range_source import KafkaRangeSource
 from bridge.transports.kafka.sink import KafkaSink
 from bridge.transports.kafka.source import KafkaSource, checkpoint_key
 
-__all__ = ["KafkaSink", "KafkaSource", "Transport"]
+__all__ = ["KafkaRangeSource", "KafkaSink", "KafkaSource", "Transport"]
 
 
 #: Kafka's default `message.max.bytes` (1 MiB plus the legacy log overhead): the largest
@@ -63,23 +91,31 @@ class Transport:
     def __init__(self, name: str, config: KafkaConnection) -> None:
         self.name = name
         self.config = config
-        self._producer: Any = None  # AIOKafkaProducer, started by the first sink or poison copy
-        self._producer_lock = asyncio.Lock()
-        self._sources: set[KafkaSource] = set()
+        #: The connection's one producer (started on first use by a sink or an error copy).
+        self.producer = SharedProducer(name, config)
+        self._sources: set[KafkaSource | KafkaRangeSource] = set()
 
-    async def producer(self) -> Any:
-        """The connection's one started producer."""
-        async with self._producer_lock:
-            if self._producer is None:
-                producer = AIOKafkaProducer(**producer_kwargs(self.config))
-                try:
-                    with kafka_errors(f"connection {self.name!r}: start the producer"):
-                        await producer.start()
-                except BaseException:
-                    await producer.stop()
-                    raise
-                self._producer = producer
-            return self._producer
+    @overload
+    def source(
+        self,
+        address: str,
+        *,
+        group: str | None = None,
+        error_queue: str | None = None,
+        checkpoint_store: CheckpointStore | None = None,
+        offsets: None = None,
+    ) -> KafkaSource: ...
+
+    @overload
+    def source(
+        self,
+        address: str,
+        *,
+        group: str | None = None,
+        error_queue: str | None = None,
+        checkpoint_store: CheckpointStore | None = None,
+        offsets: tuple[int, int, int],
+    ) -> KafkaRangeSource: ...
 
     def source(
         self,
@@ -88,21 +124,44 @@ class Transport:
         group: str | None = None,
         error_queue: str | None = None,
         checkpoint_store: CheckpointStore | None = None,
-    ) -> KafkaSource:
+        offsets: tuple[int, int, int] | None = None,
+    ) -> KafkaSource | KafkaRangeSource:
+        """A source in consumer `group`; with `offsets=(partition, start, end)`, one that reads
+        only that partition's offsets start..end-1, outside the group (`range_source.py`)."""
         if group is None:
             raise ConfigError(
                 f"kafka connection {self.name!r}: reading topic {address!r} needs a consumer "
                 "`group`"
             )
-        source = KafkaSource(
-            topic=address,
-            group=group,
-            consumer_kwargs=consumer_kwargs(self.config, group),
-            producer=self.producer,
-            error_queue=error_queue or DEFAULT_ERROR_QUEUE,
-            max_request_size=self.config.max_request_size,
-            checkpoint_store=checkpoint_store,
-        )
+        source: KafkaSource | KafkaRangeSource
+        if offsets is not None:
+            if checkpoint_store is not None:
+                raise ConfigError(
+                    f"kafka connection {self.name!r}: a range of topic {address!r} starts where "
+                    "`offsets` says; it takes no checkpoint store"
+                )
+            partition, start, end = offsets
+            source = KafkaRangeSource(
+                topic=address,
+                partition=partition,
+                start=start,
+                end=end,
+                group=group,
+                consumer_kwargs=consumer_kwargs(self.config, None),
+                producer=self.producer,
+                error_queue=error_queue or DEFAULT_ERROR_QUEUE,
+                max_request_size=self.config.max_request_size,
+            )
+        else:
+            source = KafkaSource(
+                topic=address,
+                group=group,
+                consumer_kwargs=consumer_kwargs(self.config, group),
+                producer=self.producer,
+                error_queue=error_queue or DEFAULT_ERROR_QUEUE,
+                max_request_size=self.config.max_request_size,
+                checkpoint_store=checkpoint_store,
+            )
         self._sources.add(source)
         return source
 
@@ -127,7 +186,7 @@ class Transport:
         ]
         done: list[str] = []
         async with self._admin("create topics") as admin:
-            with kafka_errors(f"connection {self.name!r}: create topics"):
+            with translated(f"connection {self.name!r}: create topics"):
                 response = await admin.create_topics(topics)
         for topic, code, *message in response.topic_errors:
             error = for_code(code)
@@ -162,7 +221,7 @@ class Transport:
         if address not in await self._topics():
             raise TransportError(f"kafka connection {self.name!r}: no topic {address!r}")
         consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, None))
-        with kafka_errors(f"connection {self.name!r}: peek at topic {address!r}"):
+        with translated(f"connection {self.name!r}: peek at topic {address!r}"):
             await consumer.start()
             try:
                 return await _topic_stats(consumer, address)
@@ -172,7 +231,7 @@ class Transport:
     async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int:
         """Records `group` has yet to read from topic `address`; see the module docstring."""
         consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, group))
-        with kafka_errors(f"connection {self.name!r}: lag of group {group!r} on {address!r}"):
+        with translated(f"connection {self.name!r}: lag of group {group!r} on {address!r}"):
             await consumer.start()
             try:
                 partitions = consumer.partitions_for_topic(address)
@@ -192,6 +251,23 @@ class Transport:
             finally:
                 await consumer.stop()
 
+    async def partition_offsets(self, address: str) -> dict[int, tuple[int, int]]:
+        """{partition: (beginning offset, end offset)} of topic `address`; TransportError when
+        the topic is missing."""
+        consumer = AIOKafkaConsumer(**consumer_kwargs(self.config, None))
+        with translated(f"connection {self.name!r}: read the offsets of topic {address!r}"):
+            await consumer.start()
+            try:
+                if address not in await consumer.topics():
+                    raise TransportError(f"kafka: no topic {address!r} (run `bridge install`)")
+                partitions = sorted(consumer.partitions_for_topic(address))
+                tps = [TopicPartition(address, p) for p in partitions]
+                begin = await consumer.beginning_offsets(tps)
+                end = await consumer.end_offsets(tps)
+            finally:
+                await consumer.stop()
+        return {tp.partition: (int(begin[tp]), int(end[tp])) for tp in tps}
+
     def canonical_address(self, address: str) -> str:
         return address
 
@@ -199,22 +275,18 @@ class Transport:
         sources, self._sources = self._sources, set()
         for source in sources:
             await source.close()
-        async with self._producer_lock:
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            with kafka_errors(f"connection {self.name!r}: stop the producer"):
-                await producer.stop()
+        await self.producer.close()
 
     async def _topics(self) -> set[str]:
         async with self._admin("list topics") as admin:
-            with kafka_errors(f"connection {self.name!r}: list topics"):
+            with translated(f"connection {self.name!r}: list topics"):
                 return set(await admin.list_topics())
 
     @asynccontextmanager
     async def _admin(self, what: str) -> AsyncIterator[Any]:
         admin = AIOKafkaAdminClient(**client_kwargs(self.config))
         try:
-            with kafka_errors(f"connection {self.name!r}: {what}"):
+            with translated(f"connection {self.name!r}: {what}"):
                 await admin.start()
             yield admin
         finally:

@@ -5,29 +5,53 @@ client's `Utils.murmur2`, which aiokafka, librdkafka's `murmur2_random` and the 
 a key keeps its partition whichever client wrote it. A record without a key goes to a random
 available partition (any partition when none is available).
 
-Why not aiokafka's `DefaultPartitioner`: it hashes one key at a time in pure Python, 6 µs per
-key, which was the largest single cost of a SQL -> Kafka route. Here the keys of one send that
-have the same length (message ids are 36-character UUIDs) are hashed together as numpy uint32
-columns, 0.6 µs per key for a batch of 100; small groups use a lean pure-Python loop (3 µs).
-Both are checked against aiokafka's implementation by the unit tests.
+Speed-up seam `kafka_partitioner`: `partitions_for` is `fast_partitions_for`, which hashes the
+keys of one send that have the same length (message ids are 36-character UUIDs) together as
+numpy uint32 columns, because aiokafka's `DefaultPartitioner` hashes one key at a time in pure
+Python; `plain_partitions_for` is that `DefaultPartitioner`, used when the seam is off or numpy
+is not installed. Measured by `bench/speedups.py kafka_partitioner`; the two are held equal by
+`tests/unit/test_kafka_partitioner.py`.
 """
 
 from __future__ import annotations
 
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import numpy as np
+from aiokafka.partitioner import DefaultPartitioner
 
-__all__ = ["murmur2", "murmur2_same_length", "partitions_for"]
+from bridge.speedups import enabled
+
+try:
+    import numpy as np
+except ModuleNotFoundError:  # numpy is optional: without it the plain partitioner is used
+    np = None  # type: ignore[assignment]
+
+__all__ = [
+    "fast_partitions_for",
+    "murmur2",
+    "murmur2_same_length",
+    "partitions_for",
+    "plain_partitions_for",
+]
+
+#: (record keys, the topic's partitions sorted, the available ones) -> each record's partition
+Partitioner = Callable[[Sequence[bytes | None], Sequence[int], Sequence[int]], list[int]]
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
-_M32 = np.uint32(_M)
 #: Below this many keys of one length, the pure-Python loop is cheaper than numpy's overheads.
 _VECTOR_FROM = 8
+
+
+def plain_partitions_for(
+    keys: Sequence[bytes | None], every: Sequence[int], available: Sequence[int]
+) -> list[int]:
+    """The partition of each record of one send, from aiokafka's own partitioner."""
+    partitioner = DefaultPartitioner()
+    return [partitioner(key, list(every), list(available)) for key in keys]
 
 
 def murmur2(data: bytes) -> int:
@@ -58,12 +82,13 @@ def murmur2_same_length(keys: Sequence[bytes]) -> list[int]:
     data = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(count, length)
     whole = length & ~3
     words = np.ascontiguousarray(data[:, :whole]).view("<u4")
+    m32 = np.uint32(_M)
     h = np.full(count, (_SEED ^ length) & _MASK, dtype=np.uint32)
     for column in range(whole >> 2):
-        k = words[:, column] * _M32
+        k = words[:, column] * m32
         k ^= k >> 24
-        k *= _M32
-        h *= _M32
+        k *= m32
+        h *= m32
         h ^= k
     rest = length & 3
     if rest:
@@ -72,17 +97,17 @@ def murmur2_same_length(keys: Sequence[bytes]) -> list[int]:
         if rest >= 2:
             h ^= data[:, whole + 1].astype(np.uint32) << 8
         h ^= data[:, whole]
-        h *= _M32
+        h *= m32
     h ^= h >> 13
-    h *= _M32
+    h *= m32
     h ^= h >> 15
     return [int(value) for value in h.tolist()]
 
 
-def partitions_for(
+def fast_partitions_for(
     keys: Sequence[bytes | None], every: Sequence[int], available: Sequence[int]
 ) -> list[int]:
-    """The partition of each record of one send (`every`: the topic's partitions, sorted)."""
+    """`plain_partitions_for`, hashing keys of one length together (needs numpy)."""
     chosen: list[int] = [0] * len(keys)
     by_length: dict[int, list[int]] = {}
     for index, key in enumerate(keys):
@@ -100,3 +125,8 @@ def partitions_for(
         for index, value in zip(indexes, hashes, strict=True):
             chosen[index] = every[(value & 0x7FFFFFFF) % count]
     return chosen
+
+
+partitions_for: Partitioner = (
+    fast_partitions_for if np is not None and enabled("kafka_partitioner") else plain_partitions_for
+)
