@@ -154,7 +154,7 @@ KAFKA = {
     "idempotence": False,
     "partitions": 1,  # one partition: the contract's order is a queue's
     "max_request_size": 4 * 1024 * 1024,
-    "session_timeout_ms": 3000,
+    "session_timeout_ms": 1500,  # a new member of a group joins in about half of it
 }
 
 
