@@ -77,6 +77,9 @@ async def test_an_unreachable_service_is_retriable(offline: Offline) -> None:
         with pytest.raises(TransportUnavailable) as raised:
             await source.receive_batch(10, 0.1)
         failures.append(raised.value)
+        with pytest.raises(TransportUnavailable) as raised:
+            await transport.peek("sales")
+        failures.append(raised.value)
     finally:
         await sink.close()
         await source.close()
