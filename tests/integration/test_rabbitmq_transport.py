@@ -267,6 +267,7 @@ async def test_every_returned_message_of_a_send_is_named_and_the_rest_is_in_the_
     assert (await transport.peek(queue)).depth == 0
 
 
+@pytest.mark.tuning("pins the write coalescing through pika internals; arriving whole is behaviour")
 async def test_a_batch_goes_to_the_socket_in_few_writes_and_arrives_whole(
     make: Make, names: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -402,11 +402,13 @@ async def sqlite_pragma_after_a_receive(tmp_path: Path, pragma: str) -> tuple[An
         await transport.close()
 
 
+@pytest.mark.tuning("a write-speed PRAGMA: no behaviour changes without it")
 async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_path: Path) -> None:
     """secure_delete FAST on every connection, whatever the build's default (Debian's is on)."""
     assert await sqlite_pragma_after_a_receive(tmp_path, "secure_delete") == (2, 2)
 
 
+@pytest.mark.tuning("a cache size for receive speed: no behaviour changes with another")
 async def test_a_sqlite_source_keeps_a_page_cache_for_the_id_index(tmp_path: Path) -> None:
     """A source's connection: 64 MiB of page cache (the index pages its deletes touch); a
     sink's keeps SQLite's default (a service may hold many)."""
