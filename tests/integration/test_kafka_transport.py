@@ -27,7 +27,6 @@ from bridge.transports.kafka import KafkaSource, Transport
 from bridge.transports.kafka.connection import consumer_kwargs
 from bridge.transports.kafka.headers import record_message_id
 from tests.conftest import unique
-from tests.support.localkafka import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -136,24 +135,6 @@ def offset(envelope: Envelope) -> int:
     return int((envelope.native_id or "").rsplit("/", 1)[1])
 
 
-async def test_install_is_idempotent_and_check_names_missing_topics(kafka_bootstrap: str) -> None:
-    sales, billing = unique("sales"), unique("billing")
-    async with kafka(kafka_bootstrap, partitions=2) as transport:
-        assert await transport.install([sales, billing]) == [
-            f"created topic {sales} partitions=2 replication=1",
-            f"created topic {billing} partitions=2 replication=1",
-        ]
-        assert await transport.install([sales, billing]) == [
-            f"topic {sales} exists",
-            f"topic {billing} exists",
-        ]
-        assert await transport.check([sales, billing]) == []
-        missing = unique("missing")
-        with pytest.raises(TransportError, match=f"missing topics: {missing}"):
-            await transport.check([sales, missing])
-        assert missing not in await transport._topics()  # checking did not create it
-
-
 async def test_install_lets_topics_take_records_as_large_as_the_sink_sends(
     kafka_bootstrap: str,
 ) -> None:
@@ -184,26 +165,6 @@ async def test_install_lets_topics_take_records_as_large_as_the_sink_sends(
     }
     assert settings[large]["max.message.bytes"] == str(2 * MIB)
     assert settings[small].get("max.message.bytes") != str(2 * MIB)
-
-
-async def test_print_only_install_does_not_connect() -> None:
-    async with kafka(f"127.0.0.1:{free_port()}", partitions=3) as transport:
-        assert await transport.install(["sales", "sales", "bridge.error"], print_only=True) == [
-            "create topic sales partitions=3 replication=1",
-            "create topic bridge.error partitions=3 replication=1",
-        ]
-        assert transport.canonical_address("sales") == "sales"
-
-
-async def test_unreachable_broker_is_retriable() -> None:
-    async with kafka(f"127.0.0.1:{free_port()}") as transport:
-        with pytest.raises(TransportUnavailable):
-            await transport.sink("sales").send([message(1)])
-        with pytest.raises(TransportUnavailable):
-            await transport.check(["sales"])
-        source = transport.source("sales", group="g")
-        with pytest.raises(TransportUnavailable):
-            await source.receive_batch(10, 0.1)
 
 
 async def test_a_source_needs_a_group(kafka_bootstrap: str) -> None:
@@ -303,23 +264,6 @@ async def test_a_key_lands_where_a_plain_producer_puts_it(kafka_bootstrap: str) 
     }
     assert bridged == plain
     assert len(set(plain.values())) > 1
-
-
-async def test_abort_redelivers_the_same_records(kafka_bootstrap: str) -> None:
-    topic, group = unique("abort"), unique("g")
-    async with kafka(kafka_bootstrap, partitions=1) as transport:
-        await transport.install([topic])
-        await transport.sink(topic).send([message(i) for i in range(20)])
-        source = fast_source(transport, topic, group)
-        batch = await first_batch(source, 5)
-        first = [(e.native_id, e.message_id, e.body) for e in batch.messages]
-        assert len(first) == 5
-        await batch.abort()
-        again = await source.receive_batch(5, 5.0)
-        assert [(e.native_id, e.message_id, e.body) for e in again.messages] == first
-        await again.commit()
-        rest = await drain(source, 15)
-        assert [offset(e) for e in rest] == list(range(5, 20))
 
 
 async def test_commit_then_a_new_consumer_resumes_after_it(kafka_bootstrap: str) -> None:

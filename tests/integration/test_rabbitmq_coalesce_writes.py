@@ -84,6 +84,7 @@ def drain(rabbitmq_url: str, queue: str, count: int) -> list[tuple[bytes, bytes]
     return got
 
 
+@pytest.mark.tuning("pins the write coalescing through pika internals; arriving whole is behaviour")
 async def test_a_batch_goes_to_the_socket_in_few_writes_and_arrives_whole(
     transport: Transport, queues: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

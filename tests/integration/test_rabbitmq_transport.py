@@ -301,21 +301,6 @@ async def test_an_envelope_without_message_id_is_rejected_before_publishing(
     assert (await transport.peek(queue)).depth == 0
 
 
-async def test_abort_requeues_everything_in_order(make: Make, names: Callable[[str], str]) -> None:
-    transport = make()
-    queue = names("abort")
-    await transport.install([queue])
-    await transport.sink(queue).send([message(i) for i in range(50)])
-    source = transport.source(queue)
-    batch = await source.receive_batch(20, 5.0)
-    first = [e.message_id for e in batch.messages]
-    assert first == [f"id-{i}" for i in range(len(first))]
-    await batch.abort()
-    got = await receive(source, 50, batch_size=50)
-    assert [e.message_id for e in got] == [f"id-{i}" for i in range(50)]
-    assert (await transport.peek(queue)).depth == 0
-
-
 async def test_a_steady_trickle_is_handed_over_without_waiting_for_a_full_batch(
     make: Make, names: Callable[[str], str]
 ) -> None:
@@ -383,25 +368,6 @@ async def test_deliveries_that_waited_through_the_send_before_are_handed_over_at
     assert len(taken) <= 6, taken  # what came meanwhile, with 300 ms to spare; not ten more
     rest = await receive(source, 33 - len(taken))
     assert [e.message_id for e in rest] == [f"id-{i}" for i in range(1 + len(taken), 34)]
-
-
-async def test_commit_acknowledges_and_closing_unsettled_returns(
-    make: Make, names: Callable[[str], str]
-) -> None:
-    transport = make()
-    queue = names("commit")
-    await transport.install([queue])
-    await transport.sink(queue).send([message(i) for i in range(10)])
-    source = transport.source(queue)
-    batch = await source.receive_batch(4, 5.0)
-    await batch.commit()
-    held = await source.receive_batch(3, 5.0)
-    assert [e.message_id for e in held.messages] == ["id-4", "id-5", "id-6"]
-    await source.close()  # without settling: the broker takes them back
-    await depth_becomes(transport, queue, 6)
-    again = transport.source(queue)
-    got = await receive(again, 6)
-    assert [e.message_id for e in got] == [f"id-{i}" for i in range(4, 10)]
 
 
 async def test_batches_settled_out_of_order_ack_only_their_own(
@@ -501,27 +467,6 @@ async def test_error_queue_copies_do_not_expire(
     await source.close()
 
 
-async def test_rejected_messages_go_to_the_error_queue(
-    make: Make, names: Callable[[str], str], channel: Any
-) -> None:
-    transport = make()
-    queue, errors = names("reject"), names("errors")
-    await transport.install([queue, errors])
-    await transport.sink(queue).send([message(1, keep="me")])
-    source = transport.source(queue, error_queue=errors)
-    batch = await source.receive_batch(10, 5.0)
-    (envelope,) = batch.messages
-    batch.reject(envelope, MessageRejected("too large for the destination", index=0))
-    await batch.commit()
-    assert (await transport.peek(queue)).depth == 0
-    _, properties, body = channel.basic_get(errors, auto_ack=True)
-    assert body == b"body-1"
-    assert properties.message_id == "id-1"
-    assert properties.headers["keep"] == "me"
-    assert properties.headers["NServiceBus.FailedQ"] == queue
-    assert properties.headers["NServiceBus.ExceptionInfo.Message"].startswith("too large")
-
-
 async def test_a_missing_error_queue_fails_the_commit_and_keeps_the_batch(
     make: Make, names: Callable[[str], str], channel: Any
 ) -> None:
@@ -612,30 +557,6 @@ async def test_a_failed_commit_of_an_older_batch_is_not_acknowledged_by_a_newer_
     await again.close()
 
 
-async def test_install_is_idempotent_and_print_only_does_not_connect(
-    make: Make, names: Callable[[str], str]
-) -> None:
-    transport = make()
-    queue = names("inst")
-    first = await transport.install([queue, queue])
-    assert await transport.install([queue]) == first
-    assert first == [
-        f"queue.declare queue={queue!r} durable=true arguments={{x-queue-type: quorum}}",
-        f"exchange.declare exchange={queue!r} type=fanout durable=true",
-        f"queue.bind queue={queue!r} exchange={queue!r} routing_key=''",
-    ]
-    nowhere = Transport(
-        "nowhere",
-        RabbitMQConnection.model_validate(
-            {"type": "rabbitmq", "url": "amqp://u:p@127.0.0.1:1/%2F", "topology": "direct"}
-        ),
-    )
-    assert await nowhere.install(["Q"], print_only=True) == [
-        "queue.declare queue='Q' durable=true arguments={x-queue-type: quorum}"
-    ]
-    assert await transport.check([queue]) == []
-
-
 @pytest.mark.parametrize(("existing", "wanted"), [("classic", "quorum"), ("quorum", "classic")])
 async def test_a_queue_of_another_type_is_a_clear_error(
     make: Make, names: Callable[[str], str], existing: str, wanted: str
@@ -710,22 +631,6 @@ async def test_no_connection_outlives_close_or_a_dropped_sink(
     while left := set(amqp_threads()) - before:
         assert time.monotonic() < deadline, left
         await asyncio.sleep(0.02)
-
-
-async def test_an_unreachable_broker_is_retriable() -> None:
-    transport = Transport(
-        "down",
-        RabbitMQConnection.model_validate({"type": "rabbitmq", "url": "amqp://g:g@127.0.0.1:1/"}),
-    )
-    try:
-        with pytest.raises(TransportUnavailable):
-            await transport.sink("q").send([message(1)])
-        with pytest.raises(TransportUnavailable):
-            await transport.source("q").receive_batch(10, 0.1)
-        with pytest.raises(TransportUnavailable):
-            await transport.peek("q")
-    finally:
-        await transport.close()
 
 
 async def test_a_refused_login_is_not_retriable(rabbitmq_url: str) -> None:

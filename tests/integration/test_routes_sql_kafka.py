@@ -387,6 +387,7 @@ async def test_a_signal_mid_stream_finishes_the_batch_and_exits_0(
     assert records.total() + left.total() == total
 
 
+@pytest.mark.slow
 async def test_kafka_to_sql_resumes_after_restart_without_loss(setup: Setup) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=setup.kafka, acks="all", enable_idempotence=False)
     await producer.start()
@@ -450,6 +451,7 @@ async def rewind_group(kafka: str, group: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
+@pytest.mark.slow
 async def test_kafka_to_sql_survives_kill_9_exactly_once(setup: Setup) -> None:
     """Killed at random points, and each time the group's Kafka commits are set back to 0
     (as if none had ever succeeded): only the positions stored with the rows can say where

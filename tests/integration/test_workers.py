@@ -31,7 +31,7 @@ from tests.faults import report
 from tests.integration.test_http import SECRET, get, wait_for
 from tests.support.localkafka import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BRIDGE = [sys.executable, "-m", "bridge"]
 BATCH = 50  # the route's batch_size: what one worker has in hand at most (concurrency 1)

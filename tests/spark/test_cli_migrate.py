@@ -20,7 +20,7 @@ from bridge.transports import load
 from tests.spark.conftest import Cli, write_routes
 from tests.spark.data import message, pg_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ from tests.conftest import unique
 from tests.spark.conftest import write_routes
 from tests.spark.data import by_id, message, pg_insert_raw, pg_poison_raw_headers, pg_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 class Setup:

@@ -35,7 +35,7 @@ from tests.spark.data import (
     translated,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS = 3000
 LOCAL_REPLY_TO = '"main"."Replies"'

@@ -24,7 +24,7 @@ from bridge.transports import load
 from bridge.transports.sql.queue import SqlTransport
 from tests.conftest import unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

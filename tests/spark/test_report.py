@@ -27,7 +27,7 @@ from bridge.transports.sql.layout import ScannedRow
 from bridge.transports.sql.queue import SqlTransport
 from tests.spark.conftest import Cli, write_routes
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TYPES = ["Shop.OrderPlaced, Shop.Messages, Version=1.0.0.0;Shop.IEvent", "Shop.OrderShipped", None]
 

@@ -569,6 +569,7 @@ class RecordingSink:
         await self.inner.close()
 
 
+@pytest.mark.tuning("pins the receive-ahead hand-off to the database thread, not behaviour")
 @pytest.mark.parametrize("never", [False, True], ids=["begins", "ends-without-beginning"])
 async def test_a_loop_sends_once_the_receive_ahead_has_begun_on_its_thread(never: bool) -> None:
     """A thread that wakes while the send lays out its records would wait for the interpreter
