@@ -33,8 +33,8 @@ from bench.report import print_table
 from bridge.config.models import PostgresConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
-from bridge.transports.sql import queue as queue_module
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import Transport as SqlTransport
+from bridge.transports.sql import sink as queue_module
 
 #: Messages per measurement: enough sends of small batches to average over.
 MESSAGES = 4000

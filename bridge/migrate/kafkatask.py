@@ -25,7 +25,7 @@ from bridge.migrate.spec import JobSpec
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka import checkpoint_key
-from bridge.transports.sql.queue import CheckpointConflict, SqlSink
+from bridge.transports.sql import CheckpointConflict, SqlSink
 
 __all__ = ["RangeTakenOver", "kafka_task", "move_partition"]
 

@@ -53,7 +53,7 @@ class Plan:
 class SqlPlan(Plan):
     def __init__(self, config: BridgeConfig, route: Route) -> None:
         from bridge.migrate.sqltask import sql_task
-        from bridge.transports.sql.queue import SqlTransport
+        from bridge.transports.sql import Transport as SqlTransport
 
         self.task = sql_task
         self._route = route
@@ -100,7 +100,7 @@ class KafkaPlan(Plan):
         from bridge.migrate.kafkatask import kafka_task
         from bridge.transports.kafka import Transport as KafkaTransport
         from bridge.transports.kafka import checkpoint_key
-        from bridge.transports.sql.queue import SqlSink
+        from bridge.transports.sql import SqlSink
 
         self.task = kafka_task
         self._route = route

@@ -34,9 +34,8 @@ from bridge.migrate.session import check_master, spark_session
 from bridge.migrate.spec import ShippedConfig
 from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.transports import load
-from bridge.transports.sql import headers as headers_codec
-from bridge.transports.sql.layout import ScannedRow
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import ScannedRow
+from bridge.transports.sql import Transport as SqlTransport
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -101,7 +100,7 @@ def describe_row(queue: str, row: ScannedRow) -> tuple[Any, ...]:
     """The report's row for one message (`_SCHEMA`); no body, only its size."""
     bucket = max(i for i, (bound, _) in enumerate(SIZE_BUCKETS) if row.body_size >= bound)
     try:
-        headers = headers_codec.decode(row.headers)
+        headers = row.decoded_headers()
     except HeadersFormatError:
         unreadable = (None, None, None, row.body_size, None, row.expired, True, bucket)
         return (queue, row.native_id, *unreadable)
@@ -189,7 +188,7 @@ async def build_report(
         bounds = {queue: await transport.bounds(queue) for queue in queues}
     finally:
         await transport.close()
-    report = Report(connection, transport.dialect.kind, [QueueReport(q) for q in queues], 0.0)
+    report = Report(connection, transport.kind, [QueueReport(q) for q in queues], 0.0)
     began = time.monotonic()
     report.generated_at = time.time()
     if all(extent is None for extent in bounds.values()):

@@ -15,7 +15,7 @@ from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
 from bridge.protocols import Sink, Transport
 from bridge.transports import load
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import Transport as SqlTransport
 
 __all__ = ["move_range", "sql_task"]
 

@@ -17,9 +17,9 @@ from bridge.protocols import Transport
 __all__ = ["TRANSPORTS", "lazy_exports", "load"]
 
 TRANSPORTS: dict[str, str] = {
-    "sqlite": "bridge.transports.sql.sqlite:Transport",
-    "postgresql": "bridge.transports.sql.postgresql:Transport",
-    "sqlserver": "bridge.transports.sql.sqlserver:Transport",
+    "sqlite": "bridge.transports.sql.transport:Transport",
+    "postgresql": "bridge.transports.sql.transport:Transport",
+    "sqlserver": "bridge.transports.sql.transport:Transport",
     "kafka": "bridge.transports.kafka.transport:Transport",
     "rabbitmq": "bridge.transports.rabbitmq.transport:Transport",
 }

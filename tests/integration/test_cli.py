@@ -119,8 +119,8 @@ def test_print_sql_needs_no_connection_and_quotes_names(routes: Path) -> None:
 
 def test_print_sql_for_sql_server_is_runnable_batches(tmp_path: Path) -> None:
     from bridge.config.models import SqlServerConnection
-    from bridge.transports.sql.sqlserver import SqlServerDialect
-    from bridge.transports.sql.tsql import standalone_batch
+    from bridge.transports.sql.dialects.sqlserver import SqlServerDialect
+    from bridge.transports.sql.dialects.tsql import standalone_batch
 
     path = tmp_path / "routes.yaml"
     path.write_text(

@@ -25,7 +25,7 @@ from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
-from bridge.transports.sql.queue import CHAIN
+from bridge.transports.sql.chain import CHAIN
 from tests.conftest import unique
 from tests.faults import BridgeProcess, report
 

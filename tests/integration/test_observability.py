@@ -26,7 +26,7 @@ from bridge.service.supervisor import Supervisor
 from bridge.telemetry.tracing import RouteTracing
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
-from bridge.transports.sql.queue import SqlSink
+from bridge.transports.sql import SqlSink
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ from bridge.protocols import CheckpointStore, Sink, Source, Transport
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka.headers import record_message_id
-from bridge.transports.sql.queue import PositionMoved
+from bridge.transports.sql import PositionMoved
 from tests.conftest import unique
 from tests.integration.test_http import get, wait_for
 from tests.support.localkafka import free_port

@@ -2,7 +2,7 @@
 
 SQLite has one writer, so the batch received ahead cannot have a transaction of its own: it is
 taken in the open one, after a savepoint. What must hold (the module docstring of
-`bridge.transports.sql.queue`, "Chained batches"): nothing is committed while any batch of the
+`bridge.transports.sql.chain`): nothing is committed while any batch of the
 transaction is unsettled; aborting a batch returns its rows and those after it, never the
 settled ones before it; a transaction rolled back under a held batch makes its commit fail.
 Each is checked against the table through a second, plain sqlite3 connection.
@@ -23,9 +23,10 @@ from bridge.config.models import SqliteConnection
 from bridge.envelope import Envelope, Headers
 from bridge.errors import TransportError
 from bridge.transports import load
-from bridge.transports.sql import queue as queue_module
-from bridge.transports.sql.dialect import DbConnection
-from bridge.transports.sql.queue import SqlSource, SqlTransport
+from bridge.transports.sql import SqlSource
+from bridge.transports.sql import Transport as SqlTransport
+from bridge.transports.sql import chain as chain_module
+from bridge.transports.sql.dialects.base import DbConnection
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,7 @@ QUEUE, ERRORS = "Sales", "bridge.error"
 async def transport(
     sqlite_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[SqlTransport]:
-    monkeypatch.setattr(queue_module, "CHAIN_SECONDS", 60.0)  # a slow machine keeps its chain
+    monkeypatch.setattr(chain_module, "CHAIN_SECONDS", 60.0)  # a slow machine keeps its chain
     config = SqliteConnection.model_validate({"type": "sqlite", "path": sqlite_path})
     found = cast(SqlTransport, load("local", config))
     await found.install([QUEUE, ERRORS])
@@ -209,7 +210,7 @@ async def test_a_receive_ahead_cancelled_mid_statement_returns_only_what_it_took
 async def test_a_transaction_takes_no_more_batches_once_open_chain_seconds(
     transport: SqlTransport, source: SqlSource, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queue_module, "CHAIN_SECONDS", 0.0)
+    monkeypatch.setattr(chain_module, "CHAIN_SECONDS", 0.0)
     await fill(transport, 2)
     first = await source.receive_batch(1, 5.0)
     assert not source.receives_ahead

@@ -9,11 +9,12 @@ import pytest
 
 from bridge.config.models import PostgresConnection, SqliteConnection
 from bridge.envelope import Envelope, Headers
-from bridge.transports.sql import queue as queue_module
-from bridge.transports.sql.dialect import DbConnection, Dialect
-from bridge.transports.sql.postgresql import PostgresDialect
-from bridge.transports.sql.queue import SqlSink, SqlSource, SqlTransport
-from bridge.transports.sql.sqlite import SqliteDialect
+from bridge.transports.sql import SqlSink, SqlSource
+from bridge.transports.sql import Transport as SqlTransport
+from bridge.transports.sql import source as source_module
+from bridge.transports.sql.dialects.base import DbConnection, Dialect
+from bridge.transports.sql.dialects.postgresql import PostgresDialect
+from bridge.transports.sql.dialects.sqlite import SqliteDialect
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def counting_dialect(kind: str, request: pytest.FixtureRequest) -> Counting:
 
 async def test_an_idle_source_polls_less_and_less_and_a_busy_one_at_once(tmp_path: Path) -> None:
     dialect = CountingDialect("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
-    transport = SqlTransport("db", dialect)
+    transport = SqlTransport("db", dialect.config)
     await transport.install(["Idle"])
     source, sink = SqlSource(dialect, "Idle"), SqlSink(dialect, "Idle")
     try:
@@ -86,9 +87,9 @@ async def test_a_source_that_caught_up_waits_before_polling_again(
     """A batch that was not full: the next poll waits MIN_POLL (here 2 s, to see it), so what
     comes in meanwhile is taken in one batch (and on SQLite, the lock is free for writers in
     between); a full batch: polled again at once."""
-    monkeypatch.setattr(queue_module, "MIN_POLL", 2.0)
+    monkeypatch.setattr(source_module, "MIN_POLL", 2.0)
     dialect = counting_dialect(kind, request)
-    transport = SqlTransport("db", dialect)
+    transport = SqlTransport("db", dialect.config)
     await transport.install(["Q"])
     source, sink = SqlSource(dialect, "Q"), SqlSink(dialect, "Q")
     message = [Envelope(Headers([("NServiceBus.MessageId", "m")]), b"x")]

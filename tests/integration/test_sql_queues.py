@@ -35,9 +35,11 @@ from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.nservicebus.wireformat import format_timestamp, parse_timespan, timestamp_seconds
 from bridge.protocols import FencedCheckpoint
 from bridge.transports import load
-from bridge.transports.sql import queue as queue_module
-from bridge.transports.sql.dialect import scalar
-from bridge.transports.sql.queue import CheckpointConflict, PositionMoved, SqlTransport
+from bridge.transports.sql import CheckpointConflict, PositionMoved
+from bridge.transports.sql import Transport as SqlTransport
+from bridge.transports.sql import chain as chain_module
+from bridge.transports.sql import sink as sink_module
+from bridge.transports.sql.dialects.base import scalar
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration
@@ -225,7 +227,7 @@ async def test_a_large_send_keeps_every_value_and_the_order(
     at a time would write."""
     staged = staged_sends(db, monkeypatch)
     name = await queue(db)
-    count = queue_module.STAGE_FROM * 2 + 3
+    count = sink_module.STAGE_FROM * 2 + 3
     envelopes = []
     for i in range(count):
         envelope = Envelope(
@@ -270,7 +272,7 @@ async def test_a_refused_row_fails_a_large_send_as_a_whole_and_the_next_one_work
             f"ALTER TABLE {pg.table(name)} ADD CONSTRAINT refuse CHECK "
             "(1 / (CASE WHEN body = 'refused'::bytea THEN 0 ELSE 1 END) = 1)"
         )
-    count = queue_module.STAGE_FROM + 10
+    count = sink_module.STAGE_FROM + 10
     good = [message(i) for i in range(count)]
     bad = Envelope(Headers([("NServiceBus.MessageId", "bad")]), b"refused")
     sink = pg.transport.sink(name)
@@ -293,7 +295,7 @@ async def test_a_large_send_creates_the_stage_when_its_session_has_none(
     that never had the stage; here the sink's own session loses it (`DISCARD TEMP`)."""
     staged = staged_sends(pg, monkeypatch)
     name = await queue(pg)
-    count = queue_module.STAGE_FROM
+    count = sink_module.STAGE_FROM
     sink = pg.transport.sink(name)
 
     def discard_temp(conn: Any) -> None:
@@ -319,7 +321,7 @@ async def test_a_large_send_after_the_connection_was_killed_stages_again(
     db = Db("postgresql", transport, pg_dsn=pg_dsn, schema=pg_schema)
     staged = staged_sends(db, monkeypatch)
     name = unique("Sales")
-    count = queue_module.STAGE_FROM
+    count = sink_module.STAGE_FROM
     try:
         await transport.install([name])
         sink = transport.sink(name)
@@ -412,7 +414,7 @@ async def test_sqlite_connections_do_not_rewrite_the_pages_a_delete_frees(tmp_pa
 async def test_a_sqlite_source_keeps_a_page_cache_for_the_id_index(tmp_path: Path) -> None:
     """A source's connection: 64 MiB of page cache (the index pages its deletes touch); a
     sink's keeps SQLite's default (a service may hold many)."""
-    from bridge.transports.sql.sqlite import RECEIVING_CACHE_KIB
+    from bridge.transports.sql.dialects.sqlite import RECEIVING_CACHE_KIB
 
     source, sink = await sqlite_pragma_after_a_receive(tmp_path, "cache_size")
     assert source == -RECEIVING_CACHE_KIB
@@ -424,9 +426,9 @@ async def test_a_receive_past_the_batches_a_source_may_hold_is_refused(
 ) -> None:
     """PostgreSQL: one more batch, received ahead on a second connection. SQLite (one writer):
     more batches in the transaction holding the first, up to CHAIN (test_sql_chained.py)."""
-    monkeypatch.setattr(queue_module, "CHAIN_SECONDS", 60.0)  # a slow machine keeps its chain
+    monkeypatch.setattr(chain_module, "CHAIN_SECONDS", 60.0)  # a slow machine keeps its chain
     name = await queue(db)
-    held = 2 if db.kind == "postgresql" else queue_module.CHAIN
+    held = 2 if db.kind == "postgresql" else chain_module.CHAIN
     await send(db, name, [message(i) for i in range(1, held + 2)])
     source = db.transport.source(name)
     try:
@@ -906,14 +908,15 @@ async def test_postgresql_connections_come_back_after_being_killed(
 def test_postgresql_errors_never_quote_message_content(pg_dsn: str) -> None:
     import psycopg
 
-    from bridge.transports.sql.errors import postgresql_error
+    from bridge.transports.sql.dialects import postgresql
+    from bridge.transports.sql.errors import translate
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TEMP TABLE guarded (body text CHECK (body <> 'SECRET-BODY'))")
         try:
             conn.execute("INSERT INTO guarded VALUES ('SECRET-BODY')")
         except psycopg.Error as exc:
-            error = postgresql_error("postgresql connection 'shop'", exc)
+            error = translate(exc, "postgresql connection 'shop'", postgresql.classify)
     assert error is not None and not error.retriable
     assert "SECRET-BODY" not in str(error)
     assert str(error).endswith("(SQLSTATE 23514)")

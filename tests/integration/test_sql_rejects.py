@@ -18,8 +18,9 @@ from bridge.routing.runner import RouteRunner
 from bridge.transports import load
 from bridge.transports.memory import Broker
 from bridge.transports.memory import Transport as Memory
-from bridge.transports.sql.errors import postgresql_error, sqlite_error
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import Transport as SqlTransport
+from bridge.transports.sql.dialects import postgresql, sqlite
+from bridge.transports.sql.errors import translate
 from tests.conftest import unique
 from tests.unit.test_runner import run_until
 
@@ -124,7 +125,7 @@ def refusal(conn: psycopg.Connection[tuple[object, ...]], statement: str) -> Tra
     try:
         conn.execute(statement)
     except psycopg.Error as exc:
-        error = postgresql_error("postgresql connection 'shop'", exc)
+        error = translate(exc, "postgresql connection 'shop'", postgresql.classify)
         assert error is not None
         return error
     raise AssertionError(f"PostgreSQL took {statement!r}")
@@ -143,7 +144,7 @@ def test_postgresql_data_errors_are_messages_refused_for_good(pg_dsn: str) -> No
         try:
             conn.execute("INSERT INTO t (h) VALUES (%s)", ("a\x00",))
         except psycopg.DataError as exc:  # refused by psycopg before it reaches the server
-            assert isinstance(postgresql_error("pg", exc), MessageRejected)
+            assert isinstance(translate(exc, "pg", postgresql.classify), MessageRejected)
         missing = refusal(conn, "INSERT INTO no_such_table VALUES (1)")
         assert not isinstance(missing, MessageRejected) and not missing.retriable
 
@@ -161,10 +162,12 @@ def test_sqlite_data_errors_are_messages_refused_for_good() -> None:
         ):
             with pytest.raises(sqlite3.Error) as raised:
                 db.execute(statement, params)
-            refusals.append(sqlite_error("sqlite connection 'local'", raised.value))
+            refusals.append(translate(raised.value, "sqlite connection 'local'", sqlite.classify))
         with pytest.raises(sqlite3.Error) as missing:
             db.execute("INSERT INTO nowhere VALUES (1)")
     finally:
         db.close()
     assert all(isinstance(e, MessageRejected) and e.index is None for e in refusals), refusals
-    assert not isinstance(sqlite_error("sqlite connection 'local'", missing.value), MessageRejected)
+    assert not isinstance(
+        translate(missing.value, "sqlite connection 'local'", sqlite.classify), MessageRejected
+    )

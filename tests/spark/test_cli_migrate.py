@@ -202,9 +202,10 @@ def test_the_runtime_never_imports_pyspark() -> None:
     modules = [
         "bridge.cli",
         "bridge.service.supervisor",
-        "bridge.transports.sql.sqlite",
-        "bridge.transports.sql.postgresql",
-        "bridge.transports.sql.sqlserver",
+        "bridge.transports.sql.transport",
+        "bridge.transports.sql.dialects.sqlite",
+        "bridge.transports.sql.dialects.postgresql",
+        "bridge.transports.sql.dialects.sqlserver",
         "bridge.transports.kafka",
         "bridge.migrate",
     ]

@@ -21,7 +21,7 @@ from bridge.migrate.sqltask import move_range
 from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.protocols import Transport
 from bridge.transports import load
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import Transport as SqlTransport
 from tests.conftest import unique
 from tests.spark.conftest import write_routes
 from tests.spark.data import (

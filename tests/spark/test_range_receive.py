@@ -21,7 +21,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.migrate.ranges import split
 from bridge.nservicebus.deadletter import RAW_HEADERS
 from bridge.transports import load
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import Transport as SqlTransport
 from tests.conftest import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -23,8 +23,8 @@ from bridge.envelope import Envelope, Headers
 from bridge.migrate.report import describe_row
 from bridge.nservicebus.wireformat import format_timestamp
 from bridge.transports import load
-from bridge.transports.sql.layout import ScannedRow
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql import ScannedRow
+from bridge.transports.sql import Transport as SqlTransport
 from tests.spark.conftest import Cli, write_routes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -15,13 +15,13 @@ from sqlglot import exp
 
 from bridge.config.models import PostgresConnection, SqliteConnection, SqlServerConnection
 from bridge.errors import ConfigError
-from bridge.transports.sql.dialect import Dialect
-from bridge.transports.sql.layout import LAYOUTS, Layout, QueueStatements, load_layout
-from bridge.transports.sql.nservicebus_postgresql import PostgresLayout
-from bridge.transports.sql.nservicebus_sqlserver import SqlServerLayout
-from bridge.transports.sql.postgresql import PostgresDialect
-from bridge.transports.sql.sqlite import SqliteDialect
-from bridge.transports.sql.sqlserver import SqlServerDialect
+from bridge.transports.sql.dialects.base import Dialect
+from bridge.transports.sql.dialects.postgresql import PostgresDialect
+from bridge.transports.sql.dialects.sqlite import SqliteDialect
+from bridge.transports.sql.dialects.sqlserver import SqlServerDialect
+from bridge.transports.sql.layouts.base import LAYOUTS, Layout, QueueStatements, load_layout
+from bridge.transports.sql.layouts.nservicebus_postgresql import PostgresLayout
+from bridge.transports.sql.layouts.nservicebus_sqlserver import SqlServerLayout
 
 
 def sqlserver() -> SqlServerDialect:

@@ -21,10 +21,11 @@ from bridge.config.models import SqlServerConnection
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import MessageRejected, TransportError, TransportUnavailable
 from bridge.nservicebus.deadletter import RAW_HEADERS
-from bridge.transports.sql import tsql
-from bridge.transports.sql.dialect import DbConnection
-from bridge.transports.sql.layout import incoming, outgoing, received_rows
-from bridge.transports.sql.sqlserver import SqlServerDialect, Transport
+from bridge.transports.sql import Transport
+from bridge.transports.sql.dialects import tsql
+from bridge.transports.sql.dialects.base import DbConnection
+from bridge.transports.sql.dialects.sqlserver import SqlServerDialect
+from bridge.transports.sql.layouts.base import incoming, outgoing, received_rows
 
 CATALOG, SCHEMA, TABLE = "my]db", "d.b o", "Sales.De layed]"
 T = "[my]]db].[d.b o].[Sales.De layed]]]"  # {0}

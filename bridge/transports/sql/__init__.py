@@ -1,15 +1,46 @@
 """SQL queue tables: SQL Server (pyodbc), PostgreSQL (psycopg 3) and SQLite (sqlite3).
 
-Layout and dialect are kept apart. A layout (`layout`: the base, the registry and the
-NServiceBus row mapping; `nservicebus_sqlserver`, `nservicebus_postgresql`) says what a queue
-table holds, writes its statements and maps rows to envelopes; the connection's `layout` key
-picks it. A dialect (`dialect`; `sqlite`, `postgresql`, `sqlserver`) is the database flavour:
-driver, names, error translation and the SQL primitives layouts write with. `queue` is the
-transport itself, shared by every dialect; `connection` drives one database connection from its
-own thread. `sqlite`, `postgresql` and `sqlserver` each export the `Transport` that
-`bridge.transports.load` builds; `tsql` holds the text of every SQL Server statement.
+`transport` is the `Transport` of every SQL connection type; it picks its dialect (`dialects/`:
+the database flavour: driver, names, error classification, SQL primitives, and `tsql`, the text
+of every SQL Server statement) by the connection's `type`, and the dialect its layout
+(`layouts/`: what a queue table holds, its statements, rows <-> envelopes) by the connection's
+`layout` key. Neither dialects nor layouts know the transport. The transport's parts: `source`
+(receive; `chain`, SQLite's savepoint chains), `sink` (send; `checkpoints`), `deadletter`
+(error-queue copies), `ranges` (reads of bulk jobs), `headers` (the Headers column codec),
+`connection` (one database connection on its own thread), `errors`, `config`.
 
-Nothing is imported here, so loading SQLite never imports psycopg or pyodbc.
+Importing the package (or its `config`) imports no driver; the names below load their modules
+on first use, and psycopg or pyodbc is imported only when a dialect connects.
 """
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING
+
+from bridge.transports import lazy_exports
+
+if TYPE_CHECKING:
+    from bridge.transports.sql.checkpoints import CheckpointConflict, PositionMoved
+    from bridge.transports.sql.layouts.base import ScannedRow
+    from bridge.transports.sql.sink import SqlSink
+    from bridge.transports.sql.source import SqlSource
+    from bridge.transports.sql.transport import Transport
+
+__all__ = [
+    "CheckpointConflict",
+    "PositionMoved",
+    "ScannedRow",
+    "SqlSink",
+    "SqlSource",
+    "Transport",
+]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "CheckpointConflict": "checkpoints",
+        "PositionMoved": "checkpoints",
+        "ScannedRow": "layouts.base",
+        "SqlSink": "sink",
+        "SqlSource": "source",
+        "Transport": "transport",
+    },
+)

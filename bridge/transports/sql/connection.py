@@ -19,8 +19,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from bridge.errors import BridgeError, TransportError
-from bridge.transports.sql.dialect import DbConnection, Dialect
+from bridge.errors import TransportError
+from bridge.transports.sql.dialects.base import DbConnection, Dialect
+from bridge.transports.sql.errors import translated
 
 __all__ = ["Connection"]
 
@@ -77,25 +78,20 @@ class Connection:
 
     def _call(self, work: Callable[[DbConnection], T]) -> T:
         try:
-            if self._db is None:
-                db = self._dialect.connect()
-                if self._receiving:
-                    try:
-                        self._dialect.receiving_session(db)
-                    except BaseException:
-                        db.close()
-                        raise
-                self._db = db
-            return work(self._db)
-        except BridgeError:
+            with translated(self._dialect.describe(), self._dialect.classify):
+                if self._db is None:
+                    db = self._dialect.connect()
+                    if self._receiving:
+                        try:
+                            self._dialect.receiving_session(db)
+                        except BaseException:
+                            db.close()
+                            raise
+                    self._db = db
+                return work(self._db)
+        except Exception:
             self._roll_back_or_drop()
             raise
-        except Exception as exc:
-            self._roll_back_or_drop()
-            error = self._dialect.translate(exc)
-            if error is None:
-                raise
-            raise error from exc
 
     def _roll_back_or_drop(self) -> None:
         db = self._db

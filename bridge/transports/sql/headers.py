@@ -11,11 +11,10 @@ AMQP header can carry it. `decode` refuses such a name or value (poison: the row
 error queue unchanged) and `encode` refuses headers holding one (the sink rejects that message),
 rather than failing inside the driver on every retry.
 
-Speed: both directions run once per message, so the common case goes through orjson (about
-3x faster than the standard library here). Its result is only taken where it is provably what
-the standard library would give: on decode, a flat object with no repeated name and no escaped
-quote; on encode, text orjson can encode at all. Everything else (and every error message)
-takes the standard library path.
+Speed: the common case of both directions goes through orjson behind the seam
+`sql_headers_orjson` (`bridge.transports.sql.headers_orjson`); `encode_plain` and
+`decode_plain` are the standard library's codec, which decides everything else (and words
+every error).
 """
 
 from __future__ import annotations
@@ -24,28 +23,20 @@ import json
 import re
 from typing import cast
 
-import orjson
-
+from bridge import speedups
 from bridge.envelope import Headers
 from bridge.errors import HeadersFormatError
+from bridge.transports.sql import headers_orjson
 
-__all__ = ["decode", "encode"]
+__all__ = ["decode", "decode_fast", "decode_plain", "encode", "encode_fast", "encode_plain"]
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def encode(headers: Headers) -> str:
+def encode_plain(headers: Headers) -> str:
     """Serialize to the JSON object text endpoints write (duplicates collapse, last wins);
     raise HeadersFormatError when a name or value holds a lone surrogate."""
-    try:
-        # orjson writes what _encoder writes (a test holds them to it) and refuses a surrogate.
-        return orjson.dumps(headers.to_dict()).decode().replace("/", "\\/")
-    except TypeError:
-        return _standard_encode(headers)
-
-
-def _standard_encode(headers: Headers) -> str:
     text = _encoder.encode(headers.to_dict()).replace("/", "\\/")
     if not text.isascii():  # only non-ASCII text can hold a surrogate
         try:
@@ -53,6 +44,11 @@ def _standard_encode(headers: Headers) -> str:
         except UnicodeEncodeError as exc:
             raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
     return text
+
+
+def encode_fast(headers: Headers) -> str:
+    """`encode_plain`, through orjson where it can."""
+    return headers_orjson.encoded(headers) or encode_plain(headers)
 
 
 class JSONObject(list[tuple[str, object]]):
@@ -63,21 +59,35 @@ class JSONObject(list[tuple[str, object]]):
 _decoder = json.JSONDecoder(object_pairs_hook=JSONObject)
 
 
-def decode(text: str | bytes | None) -> Headers:
+def decode_plain(text: str | bytes | None) -> Headers:
     """Parse the column; raise HeadersFormatError for anything that is not a flat object."""
+    text = _column_text(text)
+    return Headers() if text is None else _standard_decode(text)
+
+
+def decode_fast(text: str | bytes | None) -> Headers:
+    """`decode_plain`, through orjson where it can."""
+    text = _column_text(text)
     if text is None:
         return Headers()
+    pairs = headers_orjson.plain_pairs(text)
+    if pairs is not None:
+        return Headers.adopt(pairs)
+    return _standard_decode(text)
+
+
+def _column_text(text: str | bytes | None) -> str | None:
+    """The column as text; None when it holds no headers (NULL, empty, blank)."""
+    if text is None:
+        return None
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise HeadersFormatError(f"headers are not valid UTF-8: {exc}") from exc
     if not text or text.isspace():
-        return Headers()
-    pairs = _plain_pairs(text)
-    if pairs is not None:
-        return Headers.adopt(pairs)
-    return _standard_decode(text)
+        return None
+    return text
 
 
 def _standard_decode(text: str) -> Headers:
@@ -98,35 +108,6 @@ def _standard_decode(text: str) -> Headers:
     return Headers(cast(list[tuple[str, str | None]], parsed))
 
 
-def _plain_pairs(text: str) -> list[tuple[str, str | None]] | None:
-    """The pairs of `text` when it is a flat object of strings and nulls with no name repeated,
-    parsed by orjson; None for anything else (the standard decoder then decides).
-
-    orjson returns a dict, which would silently keep only the last of a repeated name. That is
-    ruled out by counting `"`: a text holds 2 x (the strings in it) + (its escaped quotes) of
-    them, and the strings in it are the dict's names and string values plus, for each repeated
-    name, at least that name again. So the count is exactly 2 x (the dict's names and string
-    values) only for a text with no repeated name (and no escaped quote, which the standard
-    decoder then reads). orjson refuses what the standard decoder would accept or read
-    differently (lone surrogate escapes, NaN, huge numbers, a BOM): None.
-    """
-    try:
-        parsed = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    if parsed.__class__ is not dict:
-        return None
-    strings = len(parsed)
-    for value in parsed.values():
-        if value is not None:
-            if value.__class__ is not str:
-                return None
-            strings += 1
-    if text.count('"') != 2 * strings:
-        return None
-    return list(parsed.items())
-
-
 def _refuse_lone_surrogates(pairs: list[tuple[str, str | None]]) -> None:
     # A valid escaped pair (`\\ud83d\\ude00`) is one character by now: what is left is lone.
     for name, value in pairs:
@@ -135,3 +116,11 @@ def _refuse_lone_surrogates(pairs: list[tuple[str, str | None]]) -> None:
                 raise HeadersFormatError(
                     f"header {name!r} holds a lone surrogate escape, which UTF-8 cannot carry"
                 )
+
+
+#: The codec: the orjson seam unless `BRIDGE_SPEEDUPS_OFF` names it (`bridge.speedups`).
+encode, decode = (
+    (encode_fast, decode_fast)
+    if speedups.enabled(headers_orjson.SEAM)
+    else (encode_plain, decode_plain)
+)

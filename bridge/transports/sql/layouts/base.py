@@ -3,11 +3,17 @@
 A `Layout` is chosen by a SQL connection's `layout` key and built on that connection's
 `Dialect`: it writes every statement of `QueueStatements` from the dialect's primitives
 (quoting, placeholder, UTC clock, expiry, batch limit) and maps rows to envelopes and back. The
-dialect keeps the driver, names and errors. `LAYOUTS` names the module of each (layout,
-database) pair, so adding a layout is adding one module and its lines there:
+dialect keeps the driver, names and errors; neither knows the transport. `LAYOUTS` names the
+module of each (layout, database) pair, so adding a layout is adding one module in this folder
+and its lines there:
 
-    nservicebus on sqlserver               the NServiceBus SQL Server transport's (§1), verbatim
-    nservicebus on postgresql and sqlite   the NServiceBus PostgreSQL transport's (§2, §3)
+    nservicebus on sqlserver     `nservicebus_sqlserver`: the NServiceBus SQL Server
+                                 transport's table (§1), verbatim
+    nservicebus on postgresql    `nservicebus_postgresql`: the NServiceBus PostgreSQL
+                                 transport's table (§2)
+    nservicebus on sqlite        `nservicebus_postgresql` too: SQLite has no NServiceBus
+                                 transport of its own, so its queue files hold the PostgreSQL
+                                 transport's columns in SQLite's types (§3)
 
 The NServiceBus row mapping below is the base class's; both NServiceBus layouts use it.
 
@@ -36,12 +42,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from bridge.envelope import Envelope, PoisonMessage
+from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
 from bridge.transports.sql import headers as headers_codec
 
 if TYPE_CHECKING:
-    from bridge.transports.sql.dialect import DbConnection, Dialect
+    from bridge.transports.sql.dialects.base import DbConnection, Dialect
 
 __all__ = [
     "LAYOUTS",
@@ -140,6 +146,11 @@ class ScannedRow:
     headers: str | bytes | None
     body_size: int
     seq: int
+
+    def decoded_headers(self) -> Headers:
+        """The Headers column read with the layout's codec; HeadersFormatError when it cannot
+        be read (the row would be a poison message)."""
+        return headers_codec.decode(self.headers)
 
 
 def outgoing(envelope: Envelope, now: float, native_id: str | None = None) -> OutgoingRow:
@@ -273,11 +284,13 @@ class Layout(ABC):
     incoming = staticmethod(incoming)
 
 
+_HERE = "bridge.transports.sql.layouts"
+
 #: (layout, dialect kind) -> "module:class"; imported on first use.
 LAYOUTS = {
-    ("nservicebus", "sqlserver"): "bridge.transports.sql.nservicebus_sqlserver:SqlServerLayout",
-    ("nservicebus", "postgresql"): "bridge.transports.sql.nservicebus_postgresql:PostgresLayout",
-    ("nservicebus", "sqlite"): "bridge.transports.sql.nservicebus_postgresql:PostgresLayout",
+    ("nservicebus", "sqlserver"): f"{_HERE}.nservicebus_sqlserver:SqlServerLayout",
+    ("nservicebus", "postgresql"): f"{_HERE}.nservicebus_postgresql:PostgresLayout",
+    ("nservicebus", "sqlite"): f"{_HERE}.nservicebus_postgresql:PostgresLayout",  # §3
 }
 
 

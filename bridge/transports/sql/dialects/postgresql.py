@@ -3,8 +3,8 @@
 Features
     Queue tables follow the connection's layout; `nservicebus` is the NServiceBus PostgreSQL
     transport's `"schema"."table" (id uuid, expires timestamp (UTC), headers text, body bytea,
-    seq serial)` (`bridge.transports.sql.nservicebus_postgresql`). A receive takes up to n rows
-    at once with `FOR UPDATE SKIP LOCKED`, so concurrent receivers skip each other's rows.
+    seq serial)` (`layouts/nservicebus_postgresql`). A receive takes up to n rows at once with
+    `FOR UPDATE SKIP LOCKED`, so concurrent receivers skip each other's rows.
     Expiry uses the database clock, `now() AT TIME ZONE 'UTC'`. A send of many rows is
     staged: a binary `COPY` into the session's temporary table `bridge_send` (created by the
     send's transaction unless the session has it, emptied by every commit), then one
@@ -34,20 +34,43 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from bridge.errors import ConfigError, TransportError
+from bridge.errors import ConfigError
 from bridge.transports.sql.config import PostgresConnection, address_problem
-from bridge.transports.sql.dialect import DbConnection, Dialect, double_quote, scalar
-from bridge.transports.sql.errors import postgresql_error
-from bridge.transports.sql.layout import CheckpointStatements, OutgoingRow
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql.dialects.base import DbConnection, Dialect, double_quote, scalar
+from bridge.transports.sql.errors import Failure
+from bridge.transports.sql.layouts.base import CheckpointStatements, OutgoingRow
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresDialect", "Transport"]
+__all__ = ["PostgresDialect", "classify"]
+
+# connection exception, transaction rollback (serialization, deadlock), insufficient resources,
+# operator intervention (shutdown, statement timeout), system error
+RETRIABLE_CLASSES = {"08", "40", "53", "57", "58"}
+RETRIABLE_STATES = {"55P03"}  # lock_not_available
+REJECTED_CLASSES = {"22", "54"}  # data exception, program limit exceeded
 
 #: 9999-12-31 23:59:59 UTC in epoch seconds: the last `Expires` a .NET DateTime can hold.
 LAST_EXPIRES = 253_402_300_799
+
+
+def classify(exc: BaseException) -> Failure | None:
+    """psycopg errors by SQLSTATE (see `bridge.transports.sql.errors`)."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.Error):
+        return None
+    state = exc.sqlstate
+    if state is None:  # raised by the client: connect failed, connection closed or broken
+        retriable = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    else:
+        retriable = state[:2] in RETRIABLE_CLASSES or state in RETRIABLE_STATES
+    # DataError without a state: refused by psycopg itself (a NUL character in text).
+    rejected = isinstance(exc, psycopg.DataError) or (state or "")[:2] in REJECTED_CLASSES
+    # The server's DETAIL can quote a failing row (message headers and body): keep it out.
+    primary = exc.diag.message_primary if state is not None else None
+    return Failure(retriable, rejected, f"{primary} (SQLSTATE {state})" if primary else None)
 
 
 class PostgresDialect(Dialect):
@@ -74,8 +97,7 @@ class PostgresDialect(Dialect):
         dsn = make_conninfo(self.config.dsn, **extra)
         return cast(DbConnection, psycopg.connect(dsn, autocommit=False))
 
-    def translate(self, exc: Exception) -> TransportError | None:
-        return postgresql_error(self.describe(), exc)
+    classify = staticmethod(classify)
 
     def receiving_session(self, db: DbConnection) -> None:
         # A receive's commit returns before its WAL record is flushed (it is flushed within
@@ -174,8 +196,3 @@ class PostgresDialect(Dialect):
     def table_exists(self, db: DbConnection, name: str) -> bool:
         query = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s"
         return scalar(db, query, (self.schema, name)) is not None
-
-
-class Transport(SqlTransport):
-    def __init__(self, name: str, config: PostgresConnection) -> None:
-        super().__init__(name, PostgresDialect(name, config))

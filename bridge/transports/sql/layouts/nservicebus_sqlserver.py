@@ -1,11 +1,11 @@
 """The NServiceBus SQL Server transport's queue table (wire-format §1), on SQL Server only.
 
-Every statement is the transport's own text, verbatim (`bridge.transports.sql.tsql`), with the
-dialect's quoted three-part names. What the layout adds to it: `Recoverable` is written only
-when the table has that column (looked up once per table); `@TimeToBeReceivedMs` is an Int32,
-so a remaining lifetime above ~24.8 days (`tsql.INT32_MAX` ms) is written as no expiry at all;
-and `check` warns about a missing `Index_Expires` and a `varchar` Headers column, with the
-transport's own queries.
+Every statement is the transport's own text, verbatim (`bridge.transports.sql.dialects.tsql`),
+with the dialect's quoted three-part names. What the layout adds to it: `Recoverable` is
+written only when the table has that column (looked up once per table); `@TimeToBeReceivedMs`
+is an Int32, so a remaining lifetime above ~24.8 days (`tsql.INT32_MAX` ms) is written as no
+expiry at all; and `check` warns about a missing `Index_Expires` and a `varchar` Headers
+column, with the transport's own queries.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridge.errors import ConfigError
-from bridge.transports.sql import tsql
-from bridge.transports.sql.dialect import DbConnection, Dialect, scalar
-from bridge.transports.sql.layout import Layout, OutgoingRow, QueueStatements
-from bridge.transports.sql.sqlserver import SqlServerDialect
+from bridge.transports.sql.dialects import tsql
+from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
+from bridge.transports.sql.dialects.sqlserver import SqlServerDialect
+from bridge.transports.sql.layouts.base import Layout, OutgoingRow, QueueStatements
 
 __all__ = ["SqlServerLayout"]
 

@@ -1,5 +1,8 @@
 """The NServiceBus PostgreSQL transport's queue table (wire-format §2), on PostgreSQL and SQLite.
 
+SQLite has no NServiceBus transport of its own: its queue files hold this layout's columns, so
+this module is the `nservicebus` layout of both databases (`LAYOUTS` in `base`).
+
 Columns `id, expires, headers, body, seq`: `seq` is the FIFO order and `expires` the UTC expiry
 by the database clock. PostgreSQL gets the transport's own `CREATE TABLE` plus a partial index
 on `expires`; SQLite (§3) the same columns in its own types (`expires` as ISO 8601 text,
@@ -12,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.transports.sql.dialect import Dialect
-from bridge.transports.sql.layout import Layout, QueueStatements
+from bridge.transports.sql.dialects.base import Dialect
+from bridge.transports.sql.layouts.base import Layout, QueueStatements
 
 __all__ = ["PostgresLayout"]
 

@@ -2,14 +2,13 @@
 
 Features
     Queue tables follow the connection's layout; `nservicebus` is the NServiceBus SQL Server
-    transport's own table, creation script and statements
-    (`bridge.transports.sql.nservicebus_sqlserver`, text in `bridge.transports.sql.tsql`). A
-    receive deletes `TOP(@n)` rows with `UPDLOCK, READPAST, ROWLOCK`, so concurrent receivers
-    skip each other's rows, and outputs their `RowVersion`, by which the batch is sorted
-    (OUTPUT order is not guaranteed). Tables with a clustered `RowVersion` index or a
-    `varchar` Headers column work too; `check` warns about the latter and about a missing
-    `Index_Expires`. `install --print-sql` prints each creation script as its own batch for
-    sqlcmd or SSMS.
+    transport's own table, creation script and statements (`layouts/nservicebus_sqlserver`,
+    text in `tsql`). A receive deletes `TOP(@n)` rows with `UPDLOCK, READPAST, ROWLOCK`, so
+    concurrent receivers skip each other's rows, and outputs their `RowVersion`, by which the
+    batch is sorted (OUTPUT order is not guaranteed). Tables with a clustered `RowVersion`
+    index or a `varchar` Headers column work too; `check` warns about the latter and about a
+    missing `Index_Expires`. `install --print-sql` prints each creation script as its own batch
+    for sqlcmd or SSMS.
 
 Connection
     `{type: sqlserver, dsn: "Driver={ODBC Driver 18 for SQL Server};Server=...", schema: dbo,
@@ -32,15 +31,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from bridge.errors import ConfigError, TransportError
-from bridge.transports.sql import tsql
+from bridge.errors import ConfigError
 from bridge.transports.sql.config import SqlServerConnection
-from bridge.transports.sql.dialect import DbConnection, DbCursor, Dialect, scalar
-from bridge.transports.sql.errors import sqlserver_error
-from bridge.transports.sql.layout import CheckpointStatements
-from bridge.transports.sql.queue import SqlTransport
+from bridge.transports.sql.dialects import tsql
+from bridge.transports.sql.dialects.base import DbConnection, DbCursor, Dialect, scalar
+from bridge.transports.sql.errors import Failure
+from bridge.transports.sql.layouts.base import CheckpointStatements
 
-__all__ = ["SqlServerDialect", "Transport"]
+__all__ = ["SqlServerDialect", "classify"]
+
+# ODBC: 08xxx connection, HYT00/HYT01 timeouts, 40001 deadlock victim (1205)
+RETRIABLE_STATES = {"HYT00", "HYT01", "40001"}
+RETRIABLE_NUMBERS = ("(1205)", "(1222)", "(-2)", "(10054)", "(10060)", "(40613)")
+
+
+def classify(exc: BaseException) -> Failure | None:
+    """pyodbc errors by SQLSTATE and SQL Server error number (`bridge.transports.sql.errors`)."""
+    import pyodbc
+
+    if not isinstance(exc, pyodbc.Error):
+        return None
+    state = str(exc.args[0]) if exc.args else ""
+    message = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+    retriable = (
+        state.startswith("08")
+        or state in RETRIABLE_STATES
+        or any(number in message for number in RETRIABLE_NUMBERS)
+    )
+    return Failure(retriable, rejected=state.startswith("22"))
 
 
 class SqlServerDialect(Dialect):
@@ -59,8 +77,7 @@ class SqlServerDialect(Dialect):
 
         return cast(DbConnection, pyodbc.connect(self.config.dsn, autocommit=False))
 
-    def translate(self, exc: Exception) -> TransportError | None:
-        return sqlserver_error(self.describe(), exc)
+    classify = staticmethod(classify)
 
     def fetch(self, cursor: DbCursor) -> Sequence[Sequence[Any]]:
         # Skip row counts in front of the first result set of a multi-statement batch.
@@ -113,8 +130,3 @@ class SqlServerDialect(Dialect):
 
     def printable(self, statements: Sequence[str]) -> list[str]:
         return [tsql.standalone_batch(statement) for statement in statements]
-
-
-class Transport(SqlTransport):
-    def __init__(self, name: str, config: SqlServerConnection) -> None:
-        super().__init__(name, SqlServerDialect(name, config))

@@ -1,10 +1,11 @@
 """What differs between SQL databases: driver, quoting, parameter style, error translation.
 
-A `Dialect` is synchronous and driver-bound; `bridge.transports.sql.queue` runs it on one
+A `Dialect` is synchronous and driver-bound; `bridge.transports.sql.connection` runs it on one
 dedicated thread per connection. Its queue tables follow the connection's layout
-(`bridge.transports.sql.layout`), which writes its statements from the dialect's primitives:
+(`bridge.transports.sql.layouts`), which writes its statements from the dialect's primitives:
 quoted names, the parameter placeholder, the UTC clock, expiry and the batch limit. The
-dialect hands those statements out; nothing here knows about asyncio, envelopes or batches.
+dialect hands those statements out; nothing here knows about asyncio, envelopes, batches or the
+transport that uses it. `bridge.transports.sql.transport` picks the dialect by connection type.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
-from bridge.errors import ConfigError, TransportError
-from bridge.transports.sql.layout import (
+from bridge.errors import BridgeError, ConfigError
+from bridge.transports.sql.errors import Failure, translate
+from bridge.transports.sql.layouts.base import (
     CheckpointStatements,
     Layout,
     OutgoingRow,
@@ -81,9 +83,15 @@ class Dialect(ABC):
     def connect(self) -> DbConnection:
         """Open a connection in manual-commit mode (called on the connection's own thread)."""
 
+    @staticmethod
     @abstractmethod
-    def translate(self, exc: Exception) -> TransportError | None:
+    def classify(exc: BaseException) -> Failure | None:
+        """Whether a driver exception is retriable or a refused value; None when `exc` is not
+        the driver's (the dialect module's `classify`, see `bridge.transports.sql.errors`)."""
+
+    def translate(self, exc: BaseException) -> BridgeError | None:
         """The bridge error for a driver exception; None when `exc` is not the driver's."""
+        return translate(exc, self.describe(), self.classify)
 
     def receiving_session(self, db: DbConnection) -> None:  # noqa: B027 - not every database
         """Set up a source's connection, right after it opened.

@@ -1,0 +1,7 @@
+"""Queue-table layouts: what a queue table holds, its statements, and rows <-> envelopes.
+
+`base` holds the `Layout` class, the `LAYOUTS` table the connection's `layout` key is looked up
+in, and the NServiceBus row mapping. `nservicebus_sqlserver` is the NServiceBus SQL Server
+transport's table; `nservicebus_postgresql` the NServiceBus PostgreSQL transport's, which is
+also SQLite's (SQLite has no NServiceBus transport of its own).
+"""

@@ -1,0 +1,215 @@
+"""SQL queue tables: the `Transport` of one `sqlite`, `postgresql` or `sqlserver` connection.
+
+Features
+    NServiceBus SQL transport queue tables, read and written as its endpoints do. A receive
+    deletes a batch of the oldest rows in a transaction held until the batch is settled
+    (`source`); a send inserts its rows in one transaction, with the source positions when it
+    carries a checkpoint (`sink`, `checkpoints`: Kafka -> SQL exactly-once); poison and
+    rejected messages are copied to the error queue in the receive's transaction
+    (`deadletter`). A route between two tables of one database moves each batch in one
+    transaction (`SqlSource.sink_in_transaction`). PostgreSQL and SQL Server receive ahead on a
+    second connection, SQLite in the transaction it holds (`chain`).
+
+Connection
+    The connection's `type` picks the dialect (`dialects/`: driver, names, errors, SQL
+    primitives), imported when the transport is built; the driver (psycopg, pyodbc; sqlite3 is
+    the standard library's) is imported when a dialect first connects. Every source, sink and
+    the transport itself own one database connection each (a source receiving ahead: two),
+    driven from its own thread (`connection`).
+
+Options
+    `layout` (default `nservicebus`) picks what a queue table holds and the statements run on
+    it (`layouts/`); each dialect documents its own keys (`path`, `dsn`, `schema`, `catalog`).
+
+Addresses
+    A queue is a table name. The canonical address is the one NServiceBus writes in headers:
+    `"public"."Sales"` (PostgreSQL), `"main"."Sales"` (SQLite), `Sales@[dbo]@[catalog]`
+    (SQL Server).
+
+Administration
+    `install` creates the queue tables and `BridgeCheckpoints` (idempotent; `print_only`
+    returns the DDL as the database's own client runs it), `check` reports missing tables and
+    warnings, `peek` the depth, the oldest message's age and the expired rows. Bulk jobs read
+    sequence ranges through `bounds`, `count_range`, `scan_range` and `purge_expired`
+    (`ranges`).
+
+Limits
+    SQLite has one writer at a time; PostgreSQL table names are at most 55 bytes, SQL Server's
+    128 characters (`config`). Each poll is a write transaction (see `source`, "Polling").
+
+Errors (which are retriable)
+    `errors`: unreachable server, broken connection, timeouts, deadlocks, serialization
+    failures, a busy SQLite file are `TransportUnavailable`; a value the table refuses for good
+    is `MessageRejected`; the rest is `TransportError`. A fenced checkpoint another writer moved
+    is `CheckpointConflict` (`PositionMoved`, retriable, for a Kafka source's batch).
+
+What is lossy
+    Nothing in the message: headers keep their order; a repeated header name collapses to its
+    last value (the Headers column is a JSON object). A time to live beyond what the column
+    holds is written as never expiring (SQL Server: above ~24.8 days; PostgreSQL and SQLite:
+    past the year 9999), and SQL Server keeps `Expires` to 1/300 s.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TypeVar
+
+from bridge.errors import HeadersFormatError, TransportError
+from bridge.nservicebus.wireformat import timestamp_seconds
+from bridge.protocols import CheckpointStore, QueueStats
+from bridge.transports.sql import headers as headers_codec
+from bridge.transports.sql.config import SqlConnection
+from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
+from bridge.transports.sql.ranges import RangeReads
+from bridge.transports.sql.sink import SqlSink
+from bridge.transports.sql.source import SqlSource
+
+__all__ = ["DIALECTS", "Transport"]
+
+#: Connection `type` -> "module:class" of its dialect; imported when a transport is built.
+DIALECTS = {
+    "sqlite": "bridge.transports.sql.dialects.sqlite:SqliteDialect",
+    "postgresql": "bridge.transports.sql.dialects.postgresql:PostgresDialect",
+    "sqlserver": "bridge.transports.sql.dialects.sqlserver:SqlServerDialect",
+}
+TIME_SENT = "NServiceBus.TimeSent"
+
+T = TypeVar("T")
+
+
+def dialect_for(name: str, config: SqlConnection) -> Dialect:
+    """The dialect of connection `name`, by its `type`."""
+    module, _, cls = DIALECTS[config.type].partition(":")
+    dialect: Dialect = getattr(importlib.import_module(module), cls)(name, config)
+    return dialect
+
+
+class Transport(RangeReads):
+    """The `Transport` of one SQL connection; see the module docstring."""
+
+    def __init__(self, name: str, config: SqlConnection) -> None:
+        self.name = name
+        self.config = config
+        self.dialect = dialect_for(name, config)
+        self._admin: Connection | None = None
+        self._opened: weakref.WeakSet[SqlSource | SqlSink] = weakref.WeakSet()
+
+    @property
+    def kind(self) -> str:
+        """The database: `sqlite`, `postgresql` or `sqlserver` (the connection's `type`)."""
+        return self.dialect.kind
+
+    @property
+    def layout_name(self) -> str:
+        """The queue-table layout: the connection's `layout` (`nservicebus`)."""
+        return self.config.layout
+
+    def source(
+        self,
+        address: str,
+        *,
+        group: str | None = None,
+        error_queue: str | None = None,
+        checkpoint_store: CheckpointStore | None = None,
+        seq_range: tuple[int, int] | None = None,
+    ) -> SqlSource:
+        """`group` and `checkpoint_store` mean nothing to a queue table and are ignored;
+        `seq_range` restricts the source to a range of the table (`source`, "Sequence
+        ranges")."""
+        source = SqlSource(self.dialect, address, error_queue, seq_range=seq_range)
+        self._opened.add(source)
+        return source
+
+    def sink(self, address: str, *, key: str | None = None) -> SqlSink:
+        """`key` (a Kafka record key) means nothing to a queue table and is ignored."""
+        sink = SqlSink(self.dialect, address)
+        self._opened.add(sink)
+        return sink
+
+    def install_statements(self, addresses: Sequence[str]) -> list[str]:
+        """The DDL `install` runs: each queue table, then the checkpoint table."""
+        statements = [
+            statement
+            for address in dict.fromkeys(addresses)
+            for statement in self.dialect.queue_statements(address).create
+        ]
+        return statements + list(self.dialect.checkpoint_statements().create)
+
+    async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]:
+        """Create the queue tables (idempotent) and return the DDL run; with `print_only` run
+        nothing and return that DDL as the database's own client would run it, as printed."""
+        statements = self.install_statements(addresses)
+        if print_only:
+            return self.dialect.printable(statements)
+        await self._run(partial(_execute_each, statements))
+        return statements
+
+    async def check(self, addresses: Sequence[str]) -> list[str]:
+        """Reach the database; raise when a table is missing; return warnings."""
+        return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
+
+    async def peek(self, address: str) -> QueueStats:
+        return await self._run(partial(self._peek, address))
+
+    def canonical_address(self, address: str) -> str:
+        return self.dialect.canonical_address(address)
+
+    async def close(self) -> None:
+        for opened in list(self._opened):
+            await opened.close()
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
+
+    async def _run(self, work: Callable[[DbConnection], T]) -> T:
+        if self._admin is None:
+            self._admin = Connection(self.dialect)
+        return await self._admin.run(work)
+
+    def _check(self, addresses: list[str], db: DbConnection) -> list[str]:
+        try:
+            missing = [a for a in addresses if not self.dialect.table_exists(db, a)]
+            if missing:
+                names = ", ".join(self.dialect.table(a) for a in missing)
+                raise TransportError(
+                    f"{self.dialect.describe()}: queue table {names} does not exist "
+                    "(run `bridge install`)"
+                )
+            return [warning for a in addresses for warning in self.dialect.warnings(db, a)]
+        finally:
+            db.rollback()
+
+    def _peek(self, address: str, db: DbConnection) -> QueueStats:
+        statements = self.dialect.queue_statements(address)
+        try:
+            depth = int(scalar(db, statements.depth) or 0)
+            oldest = scalar(db, statements.oldest)
+            expired = int(scalar(db, statements.expired) or 0)
+        finally:
+            db.rollback()
+        age = _age_seconds(oldest, time.time())
+        return QueueStats(depth=depth, oldest_age_seconds=age, expired=expired)
+
+
+def _execute_each(statements: Sequence[str], db: DbConnection) -> None:
+    cursor = db.cursor()
+    for statement in statements:
+        cursor.execute(statement)
+        db.commit()
+
+
+def _age_seconds(raw_headers: str | bytes | None, now: float) -> float | None:
+    """Seconds since the row's `NServiceBus.TimeSent`; None when it has no readable one."""
+    try:
+        sent = headers_codec.decode(raw_headers).get(TIME_SENT)
+        if sent is None:
+            return None
+        return max(0.0, now - timestamp_seconds(sent))
+    except (HeadersFormatError, ValueError):
+        return None
