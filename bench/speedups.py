@@ -50,6 +50,7 @@ SEAMS: dict[str, tuple[str, str, dict[str, str]]] = {
         "postgresql",
         {"BRIDGE_SPEEDUPS_OFF": "sql_headers_orjson"},
     ),
+    "receive_announce": ("sql-kafka", "postgresql", {"BRIDGE_SPEEDUPS_OFF": "receive_announce"}),
     "tuning": ("sql-kafka", "postgresql", {"BRIDGE_TUNING": "off"}),
 }
 

@@ -18,6 +18,7 @@ from bridge.config.models import Route
 from bridge.envelope import Envelope, Headers
 from bridge.errors import MessageRejected, MessagesRejected, TransportError, TransportUnavailable
 from bridge.protocols import Checkpoint, Sink, Source
+from bridge.routing import receiver
 from bridge.routing.runner import Probe, RouteRunner
 from bridge.telemetry.logs import JsonFormatter
 from bridge.telemetry.metrics import Metrics
@@ -593,3 +594,26 @@ async def test_a_loop_sends_once_the_receive_ahead_has_begun_on_its_thread(never
         assert "begun" not in events
     else:  # the first receive, then each send after the receive ahead of it began
         assert events[:6] == ["begun", "begun", "send 10", "begun", "send 10", "begun"]
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["seam", "plain"])
+async def test_waiting_for_the_receive_to_begin_moves_the_same_messages(
+    wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `receive_announce` seam changes when a send starts, never what is moved."""
+    monkeypatch.setattr(receiver, "WAIT_FOR_BEGUN", wait)
+    transport = Transport(broker=Broker())
+    route = make_route(batch_size=7)
+    sent = [message(i) for i in range(50)]
+    await transport.sink(route.from_.address).send(sent)
+    events: list[str] = []
+
+    def endpoints() -> tuple[Source, Sink]:
+        source = transport.source(route.from_.address)
+        sink = transport.sink(route.to.address)
+        return BegunSource(source, events, 0.005, False), RecordingSink(sink, events)
+
+    runner = RouteRunner(route, endpoints, poll_timeout=0.05)
+    dst = transport.broker.queue(route.to.address)
+    await run_until(runner, lambda: len(dst) == 50)
+    assert [(m.message_id, m.body) for m in dst] == [(m.message_id, m.body) for m in sent]
