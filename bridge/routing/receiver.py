@@ -45,8 +45,9 @@ class Receiver:
     def __init__(self, source: Source, max_messages: int, max_bytes: int, timeout: float) -> None:
         self._source = source
         self._ahead = source if isinstance(source, ReceivesAhead) else None
-        announces = WAIT_FOR_BEGUN and isinstance(source, AnnouncesReceive)
-        self._announces = source if announces else None
+        self._announces = (
+            source if WAIT_FOR_BEGUN and isinstance(source, AnnouncesReceive) else None
+        )
         self._max_messages = max_messages
         self._max_bytes = max_bytes
         self._count = min(max_messages, self.FIRST_BATCH)
