@@ -103,8 +103,8 @@ def laid_out(envelope: Envelope, seam: Seam, frame_max: int) -> tuple[object, li
     the refusal's text; and the sizes the seam reported."""
     sizes: list[int] = []
 
-    def recording(headers: dict[str, str | None], **fields: Any) -> tuple[Any, int]:
-        properties, size = seam(headers, **fields)
+    def recording(headers: dict[str, str | None], *fields: Any) -> tuple[Any, int]:
+        properties, size = seam(headers, *fields)
         sizes.append(size)
         return properties, size
 

@@ -7,7 +7,7 @@ amqp_table`. Plain: `pika.BasicProperties`, encoded by pika, sized by `propertie
 Equivalence: `tests/unit/test_rabbitmq_amqp_table.py` (the content header frames are
 byte-identical to pika's own encoding, and read back to the same envelope).
 
-`sized_properties(headers, **fields)` returns the properties and the bytes they take in a
+`sized_properties(headers, content_type, ..., type_)` returns the properties and the bytes they take in a
 content header frame, and raises `MessageRejected` for what AMQP cannot carry: a property or
 header name over 255 bytes, or text that is not encodable as UTF-8.
 """
@@ -37,18 +37,54 @@ _SHORT_PROPERTIES = ("content_type", "correlation_id", "reply_to", "expiration",
 
 
 def plain_properties(
-    headers: dict[str, str | None], **fields: Any
+    headers: dict[str, str | None],
+    content_type: str | None,
+    delivery_mode: int,
+    correlation_id: str | None,
+    reply_to: str | None,
+    expiration: str | None,
+    message_id: str | None,
+    timestamp: int | None,
+    type_: str | None,
 ) -> tuple[pika.BasicProperties, int]:
     """pika's properties, sized by the exact checks."""
-    properties = pika.BasicProperties(headers=headers, **fields)
+    properties = pika.BasicProperties(
+        content_type=content_type,
+        headers=headers,
+        delivery_mode=delivery_mode,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        expiration=expiration,
+        message_id=message_id,
+        timestamp=timestamp,
+        type=type_,
+    )
     return properties, properties_size(properties)
 
 
 def fast_properties(
-    headers: dict[str, str | None], **fields: Any
+    headers: dict[str, str | None],
+    content_type: str | None,
+    delivery_mode: int,
+    correlation_id: str | None,
+    reply_to: str | None,
+    expiration: str | None,
+    message_id: str | None,
+    timestamp: int | None,
+    type_: str | None,
 ) -> tuple[pika.BasicProperties, int]:
     """Properties whose header table is encoded while sizing it, and reused by `encode`."""
-    properties = _Outgoing(headers=headers, **fields)
+    properties = _Outgoing(
+        content_type=content_type,
+        headers=headers,
+        delivery_mode=delivery_mode,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        expiration=expiration,
+        message_id=message_id,
+        timestamp=timestamp,
+        type=type_,
+    )
     size = _encoded_size(properties, headers)
     return properties, properties_size(properties) if size is None else size
 

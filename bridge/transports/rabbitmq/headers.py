@@ -151,14 +151,14 @@ def outgoing(
     content_type = headers.get(CONTENT_TYPE)
     properties, size = sized_properties(
         table,
-        content_type=DEFAULT_CONTENT_TYPE if content_type is None else content_type,
-        delivery_mode=2 if persistent else 1,
-        correlation_id=headers.get(CORRELATION_ID),
-        reply_to=headers.get(REPLY_TO),
-        expiration=expiration,
-        message_id=message_id,
-        timestamp=timestamp,
-        type=None if enclosed is None else enclosed.split(",", 1)[0],
+        DEFAULT_CONTENT_TYPE if content_type is None else content_type,
+        2 if persistent else 1,
+        headers.get(CORRELATION_ID),
+        headers.get(REPLY_TO),
+        expiration,
+        message_id,
+        timestamp,
+        None if enclosed is None else enclosed.split(",", 1)[0],
     )
     if size + _FRAME_OVERHEAD > frame_max:
         raise MessageRejected(
