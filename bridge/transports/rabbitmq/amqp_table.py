@@ -8,8 +8,8 @@ Equivalence: `tests/unit/test_rabbitmq_amqp_table.py` (the content header frames
 byte-identical to pika's own encoding, and read back to the same envelope).
 
 `sized_properties(headers, content_type, ..., type_)` returns the properties and the bytes they
-take in a content header frame, and raises `MessageRejected` for what AMQP cannot carry: a property or
-header name over 255 bytes, or text that is not encodable as UTF-8.
+take in a content header frame, and raises `MessageRejected` for what AMQP cannot carry: a
+property or header name over 255 bytes, or text that is not encodable as UTF-8.
 """
 
 from __future__ import annotations
