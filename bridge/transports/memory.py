@@ -19,17 +19,10 @@ from dataclasses import dataclass, field
 from bridge.batch import Batch, Rejected
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
-from bridge.nservicebus.deadletter import error_copy
-from bridge.protocols import Checkpoint, CheckpointStore
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy
+from bridge.protocols import Checkpoint, CheckpointStore, QueueStats
 
-__all__ = ["Broker", "MemoryStats", "Transport"]
-
-
-@dataclass
-class MemoryStats:
-    depth: int
-    oldest_age_seconds: float | None = None
-    expired: int = 0
+__all__ = ["Broker", "Transport"]
 
 
 @dataclass
@@ -62,9 +55,10 @@ class MemorySource:
     ) -> None:
         self._broker = broker
         self._address = address
-        self._error_queue = error_queue
+        self._error_queue = error_queue or DEFAULT_ERROR_QUEUE
         #: May hold more than one batch (aborting the later first keeps the queue's order).
         self.receives_ahead = receives_ahead
+        self._held: list[Batch] = []
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         queue = self._broker.queue(self._address)
@@ -77,30 +71,36 @@ class MemorySource:
                     return Batch()
             taken = [queue.popleft() for _ in range(min(max_messages, len(queue)))]
         rejected: list[Rejected] = []
+        poison = [item for item in taken if isinstance(item, PoisonMessage)]
 
         async def commit() -> None:
-            if self._error_queue:
-                dead = self._broker.queue(self._error_queue)
-                dead.extend(item for item in taken if isinstance(item, PoisonMessage))
-                dead.extend(error_copy(r.envelope, r.error, self._address) for r in rejected)
-                async with changed:
-                    changed.notify_all()
+            self._held.remove(batch)
+            dead = self._broker.queue(self._error_queue)
+            dead.extend(error_copy(item, item.reason, self._address) for item in poison)
+            dead.extend(error_copy(r.envelope, r.error, self._address) for r in rejected)
+            async with changed:
+                changed.notify_all()
 
         async def abort() -> None:
+            self._held.remove(batch)
             queue.extendleft(reversed(taken))
             async with changed:
                 changed.notify_all()
 
-        return Batch(
+        batch = Batch(
             [item for item in taken if isinstance(item, Envelope)],
-            poison=[item for item in taken if isinstance(item, PoisonMessage)],
+            poison=poison,
             on_commit=commit,
             on_abort=abort,
             rejected=rejected,
         )
+        self._held.append(batch)
+        return batch
 
     async def close(self) -> None:
-        return None
+        """Hand back every batch still in hand, the latest first (the queue keeps its order)."""
+        for batch in reversed(list(self._held)):
+            await batch.abort()
 
 
 class MemorySink:
@@ -158,15 +158,17 @@ class Transport:
         )
 
     async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]:
-        for address in addresses:
-            self.broker.queue(address)
-        return [f"memory queue {a}" for a in addresses]
+        unique = list(dict.fromkeys(addresses))
+        if not print_only:
+            for address in unique:
+                self.broker.queue(address)
+        return [f"memory queue {a}" for a in unique]
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
         return []
 
-    async def peek(self, address: str) -> MemoryStats:
-        return MemoryStats(depth=len(self.broker.queue(address)))
+    async def peek(self, address: str) -> QueueStats:
+        return QueueStats(depth=len(self.broker.queue(address)))
 
     def canonical_address(self, address: str) -> str:
         return address

@@ -73,20 +73,12 @@ class Variant:
     check_finds_missing: bool = True
     #: A committed receive lowers `peek().depth` (Kafka's depth counts retained records).
     consuming_lowers_depth: bool = True
-    #: Closing a source hands back the batches it holds (memory keeps them in the batch
-    #: objects, which only `abort` or leaving their block returns).
-    close_returns_held: bool = True
     #: A poison message's error-queue copy is written by the commit (Kafka writes it before the
     #: batch is handed out, once per record per source, even when the batch is aborted).
     poison_copied_at_commit: bool = True
-    #: Poison copies in the error queue carry the failure headers (memory keeps the poison
-    #: message object as it was).
-    marks_poison_copies: bool = True
     #: Exact report lines of a first `install`, a repeated one and a `print_only` one, for one
     #: address (None: only "a repeated install reports what the first did").
     install_lines: Lines | None = None
-    #: An address named twice in one `install` is reported once.
-    dedupes_install: bool = True
     reinstall_lines: Lines | None = None
     print_only_lines: Lines | None = None
     #: The connection's name appears in an unreachable error's message.
@@ -220,9 +212,6 @@ VARIANTS = [
         put_poison=memory_poison,
         native_ids=False,
         check_finds_missing=False,
-        close_returns_held=False,
-        marks_poison_copies=False,
-        dedupes_install=False,
         install_lines=lambda a: [f"memory queue {a}"],
         print_only_lines=lambda a: [f"memory queue {a}"],
     ),
