@@ -50,7 +50,6 @@ SEAMS: dict[str, tuple[str, str, dict[str, str]]] = {
         "postgresql",
         {"BRIDGE_SPEEDUPS_OFF": "sql_headers_orjson"},
     ),
-    "receive_announce": ("sql-kafka", "postgresql", {"BRIDGE_SPEEDUPS_OFF": "receive_announce"}),
     "tuning": ("sql-kafka", "postgresql", {"BRIDGE_TUNING": "off"}),
 }
 
@@ -84,8 +83,9 @@ def one_run(
     return {f"{r['route']} {r['db']}": {"rate": r["rate"], "cpu_us": r["cpu_us"]} for r in results}
 
 
-def measure(seam: str, pairs: int, messages: int) -> None:
-    routes, db, off = SEAMS[seam]
+def measure(seam: str, pairs: int, messages: int, db: str | None = None) -> None:
+    routes, default_db, off = SEAMS[seam]
+    db = db or default_db
     shown = " ".join(f"{k}={v}" for k, v in off.items())
     print(f"\n{seam}: {routes} on {db}, {messages:,} messages, {pairs} pairs (off: {shown})")
     runs: list[tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = []
@@ -120,9 +120,10 @@ def main() -> int:
     parser.add_argument("seam", choices=[*SEAMS, "all"])
     parser.add_argument("--pairs", type=int, default=3, help="A/B pairs (default 3)")
     parser.add_argument("--messages", type=int, default=20_000, help="per route and run")
+    parser.add_argument("--db", choices=("postgresql", "sqlite"), help="instead of the seam's")
     args = parser.parse_args()
     for seam in SEAMS if args.seam == "all" else [args.seam]:
-        measure(seam, args.pairs, args.messages)
+        measure(seam, args.pairs, args.messages, args.db)
     return 0
 
 

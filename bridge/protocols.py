@@ -33,14 +33,10 @@ Optional capabilities of a source (the runner checks them with `isinstance`)
     `ReceivesAhead`: while `receives_ahead` is true the source may hold one more batch while
     one is in hand (an SQL queue table: a second connection, or the open SQLite transaction);
     the runner then receives the next batch while it sends the current one.
-    `AnnouncesReceive` (a `ReceivesAhead` source): `receive_begun` resolves once the last
-    receive asked for is about to run on its connection's thread, so the runner can wait for
-    that before a send that holds the interpreter lock for milliseconds.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -49,7 +45,6 @@ from typing import Protocol, runtime_checkable
 from bridge.envelope import Envelope, PoisonMessage
 
 __all__ = [
-    "AnnouncesReceive",
     "Checkpoint",
     "CheckpointStore",
     "FencedCheckpoint",
@@ -132,15 +127,6 @@ class ReceivesAhead(Protocol):
 
     @property
     def receives_ahead(self) -> bool: ...
-
-
-@runtime_checkable
-class AnnouncesReceive(ReceivesAhead, Protocol):
-    """A source receiving ahead that says when its receive is about to run on its thread
-    (None before the first receive)."""
-
-    @property
-    def receive_begun(self) -> asyncio.Future[None] | None: ...
 
 
 @runtime_checkable

@@ -12,29 +12,18 @@ Receiving ahead
     were received, and a batch received ahead of a failed one goes back to the source
     (`discard`).
 
-Waiting for the receive to begin (speed-up seam `receive_announce`)
-    Where the source announces when its thread is about to run the receive's statement
-    (`AnnouncesReceive`), the loop waits for that before it lays out the send: a thread that
-    needs the interpreter lock on its way there while the send holds it waits up to the switch
-    interval (5 ms), each time. Plain: the loop only yields once. `bench/speedups.py
-    receive_announce` measures it; tests/unit/test_runner.py checks both move the same messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
-from bridge import speedups
-from bridge.protocols import AnnouncesReceive, ReceivedBatch, ReceivesAhead, Source
+from bridge.protocols import ReceivedBatch, ReceivesAhead, Source
 
 __all__ = ["Receiver"]
 
 log = logging.getLogger("bridge.route")
-
-#: Whether a loop waits for an announcing source's receive to begin (see the module docstring).
-WAIT_FOR_BEGUN = speedups.enabled("receive_announce")
 
 
 class Receiver:
@@ -45,9 +34,6 @@ class Receiver:
     def __init__(self, source: Source, max_messages: int, max_bytes: int, timeout: float) -> None:
         self._source = source
         self._ahead = source if isinstance(source, ReceivesAhead) else None
-        self._announces = (
-            source if WAIT_FOR_BEGUN and isinstance(source, AnnouncesReceive) else None
-        )
         self._max_messages = max_messages
         self._max_bytes = max_bytes
         self._count = min(max_messages, self.FIRST_BATCH)
@@ -66,17 +52,11 @@ class Receiver:
         # Asked each time: a SQLite source receives ahead only while its transaction has room.
         if self._ahead is None or not self._ahead.receives_ahead:
             return
-        task = self._task = asyncio.create_task(
-            self._source.receive_batch(self._count, self._timeout)
-        )
+        self._task = asyncio.create_task(self._source.receive_batch(self._count, self._timeout))
         # Let the receive reach its database thread now: the send that follows lays out its
         # records without yielding, and the receive would otherwise start only when the send
-        # first waits. Where the source announces its receive, wait for that too (see above).
+        # first waits.
         await asyncio.sleep(0)
-        begun = None if self._announces is None else self._announces.receive_begun
-        if begun is not None and not begun.done() and not task.done():
-            either: list[asyncio.Future[Any]] = [begun, task]
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
 
     async def take(self) -> ReceivedBatch:
         """The batch received ahead, else a new receive."""

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -935,78 +934,3 @@ async def test_a_batch_with_a_rejection_cannot_commit_without_an_error_queue(db:
     finally:
         await source.close()
     assert ids(await drain(db, name)) == ["id-1", "id-2"]
-
-
-async def test_a_receive_ahead_says_it_has_begun_once_its_statement_is_about_to_run(
-    sqlite_path: str,
-) -> None:
-    """SQLite, receiving ahead in the transaction that holds a batch: `receive_begun` resolves
-    after the batch's SAVEPOINT, right before the DELETE, not when the thread takes the call
-    up (the Python on the way there would wait for the interpreter lock a send holds)."""
-    path = sqlite_path
-    db = Db("sqlite", cast(SqlTransport, load("local", sqlite_config(path))), sqlite_path=path)
-    name = await queue(db)
-    await send(db, name, [message(i) for i in range(10)])
-    source = db.transport.source(name)
-    statements: list[str] = []
-    gates = {"SAVEPOINT": threading.Event(), "DELETE": threading.Event()}
-
-    def traced(sql: str) -> None:  # on the connection's thread, as each statement starts
-        statements.append(sql.split()[0].upper())
-        gate = gates.get(statements[-1])
-        if gate is not None:
-            gate.wait(10)
-
-    try:
-        first = await source.receive_batch(5, 5.0)
-        assert source.receives_ahead
-        await source._connection.run(lambda lite: lite.set_trace_callback(traced))
-        ahead = asyncio.create_task(source.receive_batch(5, 5.0))
-        await asyncio.sleep(0)
-        begun = source.receive_begun
-        assert begun is not None
-        await asyncio.wait([begun], timeout=0.3)
-        assert statements == ["SAVEPOINT"] and not begun.done()  # taken up, not yet begun
-        gates["SAVEPOINT"].set()
-        await asyncio.wait_for(begun, 10)
-        assert not ahead.done()  # its DELETE is held at the gate
-        gates["DELETE"].set()
-        second = await ahead
-        assert ids([*first.messages, *second.messages]) == [f"id-{i}" for i in range(10)]
-        await first.commit()
-        await second.commit()
-        assert statements.count("DELETE") == 1 and "COMMIT" in statements
-    finally:
-        for gate in gates.values():
-            gate.set()
-        await source.close()
-        await db.transport.close()
-    assert await drain(db, name) == []
-
-
-async def test_a_receive_says_it_has_begun_before_its_statement_returns(
-    pg_dsn: str, pg_schema: str
-) -> None:
-    """PostgreSQL: `receive_begun` resolves right before the DELETE (which begins the
-    transaction), which here waits on a lock another session holds on the table."""
-    db = postgres_db(pg_dsn, pg_schema)
-    name = await queue(db)
-    await send(db, name, [message(1)])
-    source = db.transport.source(name)
-    try:
-        with psycopg.connect(pg_dsn) as locker:
-            locker.execute(f"LOCK TABLE {db.table(name)} IN ACCESS EXCLUSIVE MODE")
-            receive = asyncio.create_task(source.receive_batch(5, 5.0))
-            await asyncio.sleep(0)
-            begun = source.receive_begun
-            assert begun is not None
-            await asyncio.wait_for(begun, 10)
-            await asyncio.sleep(0.2)
-            assert not receive.done()  # its DELETE waits for the lock
-            locker.rollback()
-            batch = await asyncio.wait_for(receive, 10)
-        assert ids(list(batch.messages)) == ["id-1"]
-        await batch.commit()
-    finally:
-        await source.close()
-        await db.transport.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bridge.config.models import BridgeConfig
-from bridge.protocols import AnnouncesReceive, Readiness, ReceivesAhead, Source
+from bridge.protocols import Readiness, ReceivesAhead, Source
 from bridge.transports import load
 from bridge.transports.memory import Broker, Transport
 
@@ -16,14 +16,14 @@ def connection(name: str, settings: dict[str, str]) -> object:
     return config.connections[name]
 
 
-async def test_an_sql_source_receives_ahead_and_announces_its_receives(tmp_path: Path) -> None:
+async def test_an_sql_source_receives_ahead(tmp_path: Path) -> None:
     transport = load(
         "local", connection("local", {"type": "sqlite", "path": str(tmp_path / "q.db")})
     )
     try:
         source = transport.source("Sales", error_queue="error")
         assert isinstance(source, Source)
-        assert isinstance(source, ReceivesAhead) and isinstance(source, AnnouncesReceive)
+        assert isinstance(source, ReceivesAhead)
         assert not isinstance(source, Readiness)
     finally:
         await transport.close()
@@ -44,4 +44,4 @@ async def test_a_kafka_source_says_whether_it_is_ready_and_does_not_receive_ahea
 def test_a_memory_source_receives_ahead_when_asked_to() -> None:
     source = Transport(broker=Broker(), receives_ahead=True).source("q")
     assert isinstance(source, ReceivesAhead) and source.receives_ahead
-    assert not isinstance(source, AnnouncesReceive) and not isinstance(source, Readiness)
+    assert not isinstance(source, Readiness)

@@ -49,7 +49,6 @@ Receiving ahead
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,11 +69,6 @@ __all__ = ["MAX_POLL", "MIN_POLL", "SqlSource"]
 
 MIN_POLL = 0.01
 MAX_POLL = 1.0
-
-
-def _resolve_once(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _roll_back(db: DbConnection) -> None:
@@ -114,18 +108,6 @@ class SqlSource:
         self._poll_delay = MIN_POLL  # after the next empty poll
         self._next_poll = 0.0  # loop time; 0: now
         self._chain = Chain(dialect, address, self._connection, self._copies)
-        self._receive_begun: asyncio.Future[None] | None = None
-
-    @property
-    def receive_begun(self) -> asyncio.Future[None] | None:
-        """Resolved once the last receive asked for is about to run its statement on its
-        connection's thread (None before the first): after the transaction's `BEGIN` or the
-        batch's `SAVEPOINT`. A loop that receives ahead waits for it before it sends: the send
-        lays out its records without yielding the interpreter lock, and a receive whose thread
-        needed the lock meanwhile would wait for it (up to the 5 ms switch interval, each
-        time), instead of running its statement (which does not hold the lock) beside the
-        send."""
-        return self._receive_begun
 
     @property
     def receives_ahead(self) -> bool:
@@ -222,14 +204,7 @@ class SqlSource:
     async def _take(
         self, connection: Connection, max_messages: int, ahead: bool = False
     ) -> tuple[_Taken | None, Link | None]:
-        loop = asyncio.get_running_loop()
-        begun = self._receive_begun = loop.create_future()
-
-        def announce() -> None:  # on the thread, right before the receive's statement
-            with contextlib.suppress(RuntimeError):  # the loop closed: no one waits any more
-                loop.call_soon_threadsafe(_resolve_once, begun)
-
-        receive = partial(self._receive_rows, max_messages, announce)
+        receive = partial(self._receive_rows, max_messages)
         if self._chaining:
             return await self._chain.take(receive, ahead=ahead)
         try:
@@ -239,13 +214,9 @@ class SqlSource:
             connection.rollback_later()
             raise
 
-    def _receive_rows(
-        self, max_messages: int, announce: Callable[[], None], db: DbConnection
-    ) -> _Taken | None:
-        """Delete up to `max_messages` of the oldest rows in the open transaction; `announce()`
-        right before the statement (see `receive_begun`)."""
+    def _receive_rows(self, max_messages: int, db: DbConnection) -> _Taken | None:
+        """Delete up to `max_messages` of the oldest rows in the open transaction."""
         cursor = db.cursor()
-        announce()
         cursor.execute(self._receive, (*self._receive_params, max_messages))
         rows = self._dialect.layout.received_rows(self._dialect.fetch(cursor))
         return self._taken(rows) if rows else None
