@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +74,26 @@ def rabbitmq_url() -> str:
     except Exception as exc:  # pika raises many unrelated types for "not reachable"
         pytest.fail(f"RabbitMQ is required at {RABBITMQ_URL}: {exc}")
     return RABBITMQ_URL
+
+
+@pytest.fixture
+def rabbitmq_queues(rabbitmq_url: str) -> Iterator[Callable[..., str]]:
+    """Fresh RabbitMQ queue names; their queues and exchanges are deleted after the test."""
+    import pika
+
+    made: list[str] = []
+
+    def name(prefix: str = "rmq") -> str:
+        made.append(unique(prefix))
+        return made[-1]
+
+    yield name
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    cleanup = connection.channel()
+    for queue in made:
+        cleanup.queue_delete(queue)
+        cleanup.exchange_delete(queue)
+    connection.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

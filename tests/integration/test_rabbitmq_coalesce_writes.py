@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pika
@@ -22,7 +22,6 @@ from bridge.transports.rabbitmq.config import CONFIRM_TIMEOUT
 from bridge.transports.rabbitmq.confirms import Message
 from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.headers import incoming, outgoing
-from tests.conftest import unique
 
 pytestmark = pytest.mark.integration
 
@@ -30,21 +29,9 @@ Coalesce = Callable[[Any], None]
 
 
 @pytest.fixture
-def queues(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
-    """Fresh queue names; their queues and exchanges are deleted after the test."""
-    made: list[str] = []
-
-    def name(prefix: str) -> str:
-        made.append(unique(prefix))
-        return made[-1]
-
-    yield name
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    cleanup = connection.channel()
-    for queue in made:
-        cleanup.queue_delete(queue)
-        cleanup.exchange_delete(queue)
-    connection.close()
+def queues(rabbitmq_queues: Callable[..., str]) -> Callable[..., str]:
+    """Fresh queue names, deleted after the test (tests/conftest.py)."""
+    return rabbitmq_queues
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
 from bridge.transports.rabbitmq import source as source_module
 from bridge.transports.rabbitmq.headers import LAYOUT, NON_PERSISTENT
-from tests.conftest import unique
 
 pytestmark = pytest.mark.integration
 
@@ -37,21 +36,9 @@ def channel(rabbitmq_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def names(rabbitmq_url: str) -> Iterator[Callable[[str], str]]:
-    """Fresh queue names; their queues and exchanges are deleted after the test."""
-    made: list[str] = []
-
-    def name(prefix: str = "rmq") -> str:
-        made.append(unique(prefix))
-        return made[-1]
-
-    yield name
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    cleanup = connection.channel()
-    for queue in made:
-        cleanup.queue_delete(queue)
-        cleanup.exchange_delete(queue)
-    connection.close()
+def names(rabbitmq_queues: Callable[..., str]) -> Callable[..., str]:
+    """Fresh queue names, deleted after the test (tests/conftest.py)."""
+    return rabbitmq_queues
 
 
 @pytest.fixture
