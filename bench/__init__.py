@@ -3,6 +3,7 @@
 Entry scripts (each runs as `python bench/NAME.py` or `python -m bench.NAME`):
 
     routes.py          every route through `bridge run`, against its raw legs and the baseline
+    speedups.py        each speed-up seam on its route, on and off in turn
     kafka_hop.py       the Kafka hop alone on the local broker: send -> consumer, no route
     pg_insert.py       the PostgreSQL sink alone: executemany against the staged send
     tansu_producers.py does the local broker keep every record two producers write at once?

@@ -34,7 +34,7 @@ from bridge.config.models import PostgresConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 from bridge.transports.sql import Transport as SqlTransport
-from bridge.transports.sql import sink as queue_module
+from bridge.transports.sql import sink as sink_module
 
 #: Messages per measurement: enough sends of small batches to average over.
 MESSAGES = 4000
@@ -47,7 +47,7 @@ async def measure(transport: SqlTransport, size: int, staged: bool) -> tuple[flo
     count = max(size, MESSAGES // size * size)
     body, now = body_of(1024), time.time()
     envelopes = [Envelope(Headers(headers_of(i, now).items()), body) for i in range(count)]
-    queue_module.STAGE_FROM = 1 if staged else count + 1
+    sink_module.STAGE_FROM = 1 if staged else count + 1
     sink = transport.sink(name)
     try:
         await sink.send(envelopes[:size])  # connect (and create the stage) before the clock
@@ -66,7 +66,7 @@ async def run(dsn: str, sizes: list[int], rounds: int) -> list[list[object]]:
         db.execute(f'CREATE SCHEMA "{schema}"')
     config = PostgresConnection.model_validate({"type": "postgresql", "dsn": dsn, "schema": schema})
     transport = cast(SqlTransport, load("bench", config))
-    stage_from = queue_module.STAGE_FROM
+    stage_from = sink_module.STAGE_FROM
     rows: list[list[object]] = []
     try:
         for round_ in range(1, rounds + 1):
@@ -76,7 +76,7 @@ async def run(dsn: str, sizes: list[int], rounds: int) -> list[list[object]]:
                     way = "staged (COPY)" if staged else "executemany"
                     rows.append([round_, size, way, f"{rate:,.0f}", f"{per_send:.3f}", cpu])
     finally:
-        queue_module.STAGE_FROM = stage_from
+        sink_module.STAGE_FROM = stage_from
         await transport.close()
         with psycopg.connect(dsn, autocommit=True) as db:
             db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -91,7 +91,7 @@ def main() -> int:
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     rows = asyncio.run(run(args.dsn, sizes, args.rounds))
-    print(f"STAGE_FROM (the sink's threshold): {queue_module.STAGE_FROM}")
+    print(f"STAGE_FROM (the sink's threshold): {sink_module.STAGE_FROM}")
     print_table(["round", "per send", "insert", "msgs/s", "ms per send", "CPU µs/msg"], rows)
     return 0
 

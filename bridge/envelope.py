@@ -15,9 +15,17 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["MESSAGE_ID", "TIME_TO_BE_RECEIVED", "Envelope", "Headers", "PoisonMessage"]
+__all__ = [
+    "MESSAGE_ID",
+    "TIME_SENT",
+    "TIME_TO_BE_RECEIVED",
+    "Envelope",
+    "Headers",
+    "PoisonMessage",
+]
 
 MESSAGE_ID = "NServiceBus.MessageId"
+TIME_SENT = "NServiceBus.TimeSent"
 TIME_TO_BE_RECEIVED = "NServiceBus.TimeToBeReceived"
 
 

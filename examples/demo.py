@@ -91,7 +91,7 @@ def _print_headers(title: str, envelope: Envelope | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__)
     parser.add_argument("--count", type=int, default=10_000, help="messages to move")
     parser.add_argument("--workdir", default=".bridge/demo", help="where files are written")
     args = parser.parse_args(argv)

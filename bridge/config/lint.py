@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint"]
 
-#: Connection type -> the driver-free module with its rules: `lint(connection)` yields
-#: (key, problem) pairs, `address_problem(kind, name)` says why a name would be refused.
+#: Connection type -> the driver-free module with its rules: `ADDRESS_KEY` (a route end names a
+#: `queue` or a `topic`), `SOURCE_GROUP` (a source reads in a consumer group), `lint(connection)`
+#: yields (key, problem) pairs, `address_problem(kind, name)` says why a name would be refused.
 RULES: dict[str, ModuleType] = {
     kind: module for module in (sql_config, kafka_config, rabbitmq_config) for kind in module.KINDS
 }
@@ -50,23 +51,18 @@ def _endpoint(
             at.at((*path, "connection")),
         )
     kind = connection.type
-    if kind == "kafka":
-        if endpoint.topic is None or endpoint.queue is not None:
-            raise ConfigError(
-                f"{role} is the Kafka connection {endpoint.connection!r}: name a `topic`, "
-                "not a `queue`",
-                at.at(path),
-            )
-        if role == "from" and not endpoint.group:
-            raise ConfigError("a Kafka source needs a consumer `group`", at.at((*path, "topic")))
-    else:
-        if endpoint.queue is None or endpoint.topic is not None:
-            raise ConfigError(
-                f"{role} is the {kind} connection {endpoint.connection!r}: name a `queue`, "
-                "not a `topic`",
-                at.at(path),
-            )
-    if endpoint.group is not None and (kind != "kafka" or role != "from"):
+    rules = RULES[kind]
+    key, other = ("topic", "queue") if rules.ADDRESS_KEY == "topic" else ("queue", "topic")
+    if getattr(endpoint, key) is None or getattr(endpoint, other) is not None:
+        name = "Kafka" if kind == "kafka" else kind
+        raise ConfigError(
+            f"{role} is the {name} connection {endpoint.connection!r}: name a `{key}`, "
+            f"not a `{other}`",
+            at.at(path),
+        )
+    if rules.SOURCE_GROUP and role == "from" and not endpoint.group:
+        raise ConfigError("a Kafka source needs a consumer `group`", at.at((*path, "topic")))
+    if endpoint.group is not None and not (rules.SOURCE_GROUP and role == "from"):
         raise ConfigError("`group` is only for Kafka sources", at.at((*path, "group")))
     address = endpoint.address
     if not address.strip() or "\x00" in address:

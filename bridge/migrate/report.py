@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge.config.models import SQL_TYPES
+from bridge.envelope import TIME_SENT
 from bridge.errors import ConfigError, HeadersFormatError
 from bridge.migrate.ranges import split
 from bridge.migrate.session import check_master, spark_session
@@ -58,7 +59,6 @@ MESSAGE_ID = "NServiceBus.MessageId"
 TYPES = "NServiceBus.EnclosedMessageTypes"
 INTENT = "NServiceBus.MessageIntent"
 ENDPOINT = "NServiceBus.OriginatingEndpoint"
-TIME_SENT = "NServiceBus.TimeSent"
 
 _SCHEMA = (
     "queue string, id string, type string, intent string, endpoint string, size long, "

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
+from bridge.envelope import MESSAGE_ID, TIME_SENT, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.nservicebus.wireformat import format_timespan, format_timestamp, parse_timespan
 
 __all__ = ["endpoint_message"]
@@ -28,7 +28,7 @@ def endpoint_message(
             ("NServiceBus.OriginatingEndpoint", "bridge"),
             ("NServiceBus.OriginatingMachine", socket.gethostname()),
             ("NServiceBus.ContentType", "application/json"),
-            ("NServiceBus.TimeSent", format_timestamp(datetime.now(UTC))),
+            (TIME_SENT, format_timestamp(datetime.now(UTC))),
         ]
     )
     expires_at = None

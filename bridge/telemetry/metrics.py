@@ -28,7 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
-from bridge.envelope import Envelope
+from bridge.envelope import TIME_SENT, Envelope
 from bridge.nservicebus.wireformat import timestamp_seconds
 
 __all__ = ["Metrics", "RouteMetrics"]
@@ -167,7 +167,7 @@ class RouteMetrics:
             self._next_sample = (start - len(envelopes)) % every
             now = time.time()
             for envelope in envelopes[start::every]:
-                sent = envelope.headers.get("NServiceBus.TimeSent")
+                sent = envelope.headers.get(TIME_SENT)
                 if sent:
                     try:
                         moment = timestamp_seconds(sent)

@@ -126,6 +126,7 @@ async def test_a_cancelled_receive_loses_nothing(place: Place) -> None:
     source = place.source()
     try:
         waiting = asyncio.create_task(source.receive_batch(10, PATIENCE))
+        await asyncio.sleep(0)  # the receive is waiting before anything arrives
         await place.send([message(1)])  # the receive runs while the send waits on I/O
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -60,8 +60,8 @@ async def test_an_idle_source_polls_less_and_less_and_a_busy_one_at_once(tmp_pat
         calls = 8
         for _ in range(calls):  # 4 idle seconds as the runner spends them, 0.5 s a receive
             assert not (await source.receive_batch(10, 0.5)).messages
-        # 10 ms, 20 ms, ... doubling to 1 s between polls: 10 in 4 s (the old 10..250 ms
-        # backoff, restarted by every receive, polled ~6 times a receive: 48)
+        # 10 ms, 20 ms, ... doubling to 1 s between polls: 10 in 4 s (a backoff restarted by
+        # every receive would poll about 6 times a receive: 48)
         idle_polls = dialect.polls
         assert idle_polls <= 12
         await sink.send(

@@ -527,7 +527,7 @@ def test_a_malformed_variable_in_a_credential_field_shows_nothing_of_it() -> Non
 def test_each_transports_connection_rules_are_reported_at_the_key(
     connection: str, key: str, message: str
 ) -> None:
-    """Rules that used to fail only when connecting: `bridge check` reports them, located."""
+    """Each transport's connection rules, reported by `bridge check` at the key, unconnected."""
     line = f"  db: {connection}"
     text = f"connections:\n{line}\nroutes: []\n"
     column = line.index(f" {key}:") + len(f" {key}: ") + 1

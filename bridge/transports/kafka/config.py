@@ -18,9 +18,20 @@ from pydantic import Field
 from bridge.config.base import Problem, Strict
 from bridge.errors import ConfigError
 
-__all__ = ["KINDS", "KafkaConnection", "address_problem", "lint", "validate"]
+__all__ = [
+    "ADDRESS_KEY",
+    "KINDS",
+    "SOURCE_GROUP",
+    "KafkaConnection",
+    "address_problem",
+    "lint",
+    "validate",
+]
 
 KINDS = ("kafka",)
+#: What a route end on this connection names, and whether a source reads in a consumer group.
+ADDRESS_KEY = "topic"
+SOURCE_GROUP = True
 
 
 class KafkaConnection(Strict):

@@ -22,10 +22,10 @@ from bridge.nservicebus.deadletter import error_copy, failure_headers
 from bridge.transports.kafka.headers import DEFAULT_KEY, Record, RecordHeaders, outgoing
 from bridge.transports.kafka.producer import ProducerFactory, produce
 
-__all__ = ["ErrorTopic", "error_record"]
+__all__ = ["ErrorQueue", "error_record"]
 
 
-class ErrorTopic:
+class ErrorQueue:
     """A Kafka source's error topic: poison copies (once each) and rejected messages."""
 
     def __init__(

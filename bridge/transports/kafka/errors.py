@@ -62,14 +62,14 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def translate(exc: BaseException, what: str, *, index: int | None = None) -> BridgeError:
-    """The bridge error for `exc`, raised while doing `what` (e.g. "send to topic 'sales'")."""
+def translate(exc: BaseException, where: str, *, index: int | None = None) -> BridgeError:
+    """The bridge error for `exc`, raised while doing `where` (e.g. "send to topic 'sales'")."""
     if isinstance(exc, BridgeError):
         return exc
     detail = str(exc) or type(exc).__name__
     if type(exc).__name__ not in detail:
         detail = f"{type(exc).__name__}: {detail}"
-    message = f"kafka: {what}: {detail}"
+    message = f"kafka: {where}: {detail}"
     if index is not None and isinstance(exc, _PER_MESSAGE):
         return MessageRejected(message, index=index)
     if isinstance(exc, _UNAVAILABLE) or getattr(exc, "retriable", False):
@@ -78,9 +78,9 @@ def translate(exc: BaseException, what: str, *, index: int | None = None) -> Bri
 
 
 @contextmanager
-def translated(what: str, *, index: int | None = None) -> Iterator[None]:
+def translated(where: str, *, index: int | None = None) -> Iterator[None]:
     """Raise driver errors from the block as bridge errors (see `translate`)."""
     try:
         yield
     except DRIVER_ERRORS as exc:
-        raise translate(exc, what, index=index) from exc
+        raise translate(exc, where, index=index) from exc

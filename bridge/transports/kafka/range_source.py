@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bridge.batch import Batch, Rejected
 from bridge.errors import TransportUnavailable
-from bridge.transports.kafka.deadletter import ErrorTopic
+from bridge.transports.kafka.deadletter import ErrorQueue
 from bridge.transports.kafka.errors import translated
 from bridge.transports.kafka.headers import read_records
 from bridge.transports.kafka.producer import ProducerFactory
@@ -57,7 +57,7 @@ class KafkaRangeSource:
         self._key = checkpoint_key(group, topic, partition)
         self._consumer_kwargs = consumer_kwargs
         self._consumer: Any = None
-        self._errors = ErrorTopic(producer, error_queue, topic, max_request_size)
+        self._errors = ErrorQueue(producer, error_queue, topic, max_request_size)
 
     async def receive_batch(self, max_messages: int, timeout: float) -> Batch:
         records = await self._fetch(max_messages)

@@ -47,7 +47,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from bridge.batch import Batch, Rejected
 from bridge.errors import SettleError
 from bridge.protocols import Checkpoint, CheckpointStore, FencedCheckpoint
-from bridge.transports.kafka.deadletter import ErrorTopic
+from bridge.transports.kafka.deadletter import ErrorQueue
 from bridge.transports.kafka.errors import DRIVER_ERRORS, translate, translated
 from bridge.transports.kafka.headers import read_records
 from bridge.transports.kafka.producer import ProducerFactory
@@ -93,7 +93,7 @@ class KafkaSource:
         )
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
         self._behind: asyncio.Task[None] | None = None  # the commit behind the batches, if any
-        self._errors = ErrorTopic(producer, error_queue, topic, max_request_size)
+        self._errors = ErrorQueue(producer, error_queue, topic, max_request_size)
         self._joined = False  # the group gave this consumer its (possibly empty) assignment
         self._drained = False
         self._drained_checked = 0.0

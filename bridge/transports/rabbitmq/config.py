@@ -24,6 +24,7 @@ from pydantic import Field
 from bridge.config.base import Problem, Strict
 
 __all__ = [
+    "ADDRESS_KEY",
     "BLOCKED_TIMEOUT",
     "CONFIRM_TIMEOUT",
     "CONNECT_TIMEOUT",
@@ -31,6 +32,7 @@ __all__ = [
     "GATHER_LIMIT",
     "KINDS",
     "OPERATION_TIMEOUT",
+    "SOURCE_GROUP",
     "RabbitMQConnection",
     "address_problem",
     "describe",
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 KINDS = ("rabbitmq",)
+#: What a route end on this connection names, and whether a source reads in a consumer group.
+ADDRESS_KEY = "queue"
+SOURCE_GROUP = False
 RABBITMQ_MAX_NAME_BYTES = 255  # AMQP shortstr
 
 

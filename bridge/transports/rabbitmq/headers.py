@@ -56,7 +56,14 @@ from typing import Any
 
 import pika
 
-from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
+from bridge.envelope import (
+    MESSAGE_ID,
+    TIME_SENT,
+    TIME_TO_BE_RECEIVED,
+    Envelope,
+    Headers,
+    PoisonMessage,
+)
 from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.nservicebus.wireformat import (
     format_timespan,
@@ -88,7 +95,6 @@ CORRELATION_ID = "NServiceBus.CorrelationId"
 REPLY_TO = "NServiceBus.ReplyToAddress"
 CONTENT_TYPE = "NServiceBus.ContentType"
 ENCLOSED_MESSAGE_TYPES = "NServiceBus.EnclosedMessageTypes"
-TIME_SENT = "NServiceBus.TimeSent"
 NON_PERSISTENT = "NServiceBus.Transport.RabbitMQ.UseNonPersistentDelivery"
 DELAY_IN_SECONDS = "NServiceBus.Transport.RabbitMQ.DelayInSeconds"
 CONFIRMATION_ID = "NServiceBus.Transport.RabbitMQ.ConfirmationId"

@@ -30,7 +30,7 @@ from bridge.batch import Rejected
 from bridge.envelope import PoisonMessage
 from bridge.errors import SettleError, TransportError
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.deadletter import ErrorCopies
+from bridge.transports.sql.deadletter import ErrorQueue
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 
 __all__ = ["CHAIN", "CHAIN_SECONDS", "Chain", "Link", "in_new_transaction"]
@@ -92,7 +92,7 @@ class Chain:
     """
 
     def __init__(
-        self, dialect: Dialect, address: str, connection: Connection, copies: ErrorCopies
+        self, dialect: Dialect, address: str, connection: Connection, copies: ErrorQueue
     ) -> None:
         self._dialect = dialect
         self._address = address

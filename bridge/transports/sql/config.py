@@ -16,8 +16,10 @@ from pydantic import Field
 from bridge.config.base import Problem, Strict
 
 __all__ = [
+    "ADDRESS_KEY",
     "KINDS",
     "MAX_TABLE_NAME_BYTES",
+    "SOURCE_GROUP",
     "SQLSERVER_MAX_NAME",
     "PostgresConnection",
     "SqlServerConnection",
@@ -27,6 +29,9 @@ __all__ = [
 ]
 
 KINDS = ("sqlite", "postgresql", "sqlserver")
+#: What a route end on this connection names, and whether a source reads in a consumer group.
+ADDRESS_KEY = "queue"
+SOURCE_GROUP = False
 #: The NServiceBus PostgreSQL installer's limit on a queue table name, in bytes.
 MAX_TABLE_NAME_BYTES = 55
 SQLSERVER_MAX_NAME = 128  # sysname

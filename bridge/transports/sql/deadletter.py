@@ -19,10 +19,10 @@ from bridge.errors import TransportError
 from bridge.nservicebus.deadletter import error_copy
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 
-__all__ = ["ErrorCopies"]
+__all__ = ["ErrorQueue"]
 
 
-class ErrorCopies:
+class ErrorQueue:
     """The error-queue writer of one source (table `address`); no error queue: writes nothing."""
 
     def __init__(self, dialect: Dialect, address: str, error_queue: str | None) -> None:

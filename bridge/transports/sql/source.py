@@ -60,7 +60,7 @@ from bridge.errors import SettleError
 from bridge.nservicebus.deadletter import returned_poison
 from bridge.transports.sql.chain import CHAIN, Chain, Link, in_new_transaction
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.deadletter import ErrorCopies
+from bridge.transports.sql.deadletter import ErrorQueue
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import QueueRow
 from bridge.transports.sql.sink import SqlSink
@@ -100,7 +100,7 @@ class SqlSource:
         self._receive_params: tuple[int, ...] = ()
         if seq_range is not None:
             self._receive, self._receive_params = statements.receive_range, seq_range
-        self._copies = ErrorCopies(dialect, address, error_queue)
+        self._copies = ErrorQueue(dialect, address, error_queue)
         self._connection = Connection(dialect, receiving=True)
         self._ahead: Connection | None = None  # the second, for a receive ahead of a held batch
         self._in_use: set[Connection] = set()  # receiving, or holding a batch's transaction

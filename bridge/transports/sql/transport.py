@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
+from bridge.envelope import TIME_SENT
 from bridge.errors import HeadersFormatError, TransportError
 from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.protocols import CheckpointStore, QueueStats
@@ -78,7 +79,6 @@ DIALECTS = {
     "postgresql": "bridge.transports.sql.dialects.postgresql:PostgresDialect",
     "sqlserver": "bridge.transports.sql.dialects.sqlserver:SqlServerDialect",
 }
-TIME_SENT = "NServiceBus.TimeSent"
 
 T = TypeVar("T")
 
