@@ -24,7 +24,7 @@ from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
-from bridge.transports.kafka import checkpoint_key
+from bridge.transports.kafka import checkpoint_key, checkpoint_prefix
 from bridge.transports.sql import CheckpointConflict, SqlSink
 
 __all__ = ["RangeTakenOver", "kafka_task", "move_partition"]
@@ -51,7 +51,7 @@ async def move_partition(
             raise ConfigError(f"route {route.name}: its destination is not a SQL queue table")
         topic, group = route.from_.address, route.from_.group
         key = checkpoint_key(group, topic, partition)
-        stored = (await sink.load_checkpoint(f"{group}/{topic}/")).get(key)
+        stored = (await sink.load_checkpoint(checkpoint_prefix(group, topic))).get(key)
         sink.fence_checkpoint({key: stored})
         start = max(start, start if stored is None else stored)
         source = kafka.source(

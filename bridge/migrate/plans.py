@@ -99,7 +99,7 @@ class KafkaPlan(Plan):
     def __init__(self, config: BridgeConfig, route: Route) -> None:
         from bridge.migrate.kafkatask import kafka_task
         from bridge.transports.kafka import Transport as KafkaTransport
-        from bridge.transports.kafka import checkpoint_key
+        from bridge.transports.kafka import checkpoint_key, checkpoint_prefix
         from bridge.transports.sql import SqlSink
 
         self.task = kafka_task
@@ -113,7 +113,7 @@ class KafkaPlan(Plan):
         self._sink = sink
         group, topic = str(route.from_.group), route.from_.address
         self._key: Callable[[int], str] = lambda partition: checkpoint_key(group, topic, partition)
-        self._prefix = f"{group}/{topic}/"
+        self._prefix = checkpoint_prefix(group, topic)
         self._ranges: list[tuple[int, int, int]] = []
 
     async def check(self) -> None:

@@ -6,7 +6,14 @@ load their modules on first use.
 
 from bridge.transports import lazy_exports
 
-__all__ = ["KafkaRangeSource", "KafkaSink", "KafkaSource", "Transport", "checkpoint_key"]
+__all__ = [
+    "KafkaRangeSource",
+    "KafkaSink",
+    "KafkaSource",
+    "Transport",
+    "checkpoint_key",
+    "checkpoint_prefix",
+]
 
 __getattr__ = lazy_exports(
     __name__,
@@ -16,5 +23,6 @@ __getattr__ = lazy_exports(
         "KafkaSource": "source",
         "Transport": "transport",
         "checkpoint_key": "source",
+        "checkpoint_prefix": "source",
     },
 )

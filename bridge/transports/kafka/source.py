@@ -58,8 +58,14 @@ __all__ = ["KafkaSource", "checkpoint_key"]
 log = logging.getLogger("bridge.kafka")
 
 
+def checkpoint_prefix(group: str, topic: str) -> str:
+    """What every stored position of `group` on `topic` starts with."""
+    return f"{group}/{topic}/"
+
+
 def checkpoint_key(group: str, topic: str, partition: int) -> str:
-    return f"{group}/{topic}/{partition}"
+    """The name a destination stores `group`'s position in one partition of `topic` under."""
+    return f"{checkpoint_prefix(group, topic)}{partition}"
 
 
 class KafkaSource:
@@ -125,7 +131,9 @@ class KafkaSource:
         ends = await consumer.end_offsets(partitions)
         assigned = consumer.assignment()
         stored = (
-            await self._store.load_checkpoint(f"{self.group}/{self.topic}/") if self._store else {}
+            await self._store.load_checkpoint(checkpoint_prefix(self.group, self.topic))
+            if self._store
+            else {}
         )
         for tp in partitions:
             if tp in assigned:
@@ -322,7 +330,7 @@ class KafkaSource:
         waiting = set(self._unpositioned)
         if not waiting:
             return
-        stored = await self._store.load_checkpoint(f"{self.group}/{self.topic}/")
+        stored = await self._store.load_checkpoint(checkpoint_prefix(self.group, self.topic))
         # only those still waiting and still assigned (a rebalance may run meanwhile)
         waiting &= self._unpositioned & consumer.assignment()
         for tp in waiting:
