@@ -12,7 +12,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from bench.legs.place import Place, chunks
+from bench.legs.place import PACE_WAIT, Place, chunks, pacing
 from bench.messages import NUMBER, WRITTEN_AT, Message, body_of, headers_of, unique
 from bridge.config.models import KafkaConnection
 from bridge.envelope import Envelope, Headers
@@ -187,15 +187,15 @@ class KafkaPlace(Place):
         producer = self.producer(linger_ms=0)
         await producer.start()
         try:
-            sent, started, pending = 0, time.monotonic(), []
-            total = int(rate * seconds)
-            while sent < total:
-                due = min(total, int((time.monotonic() - started) * rate) + 1) - sent
-                if due <= 0:
-                    await asyncio.sleep(0.0005)
+            sent, pending = 0, []
+            for before, due in pacing(rate, seconds):
+                if not due:
+                    await asyncio.sleep(PACE_WAIT)
                     continue
                 now = time.time()
-                for record in self.records([(headers_of(sent + i, now), body) for i in range(due)]):
+                for record in self.records(
+                    [(headers_of(before + i, now), body) for i in range(due)]
+                ):
                     pending.append(
                         await producer.send(
                             self.address, record.value, key=record.key, headers=record.headers

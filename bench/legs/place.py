@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench.messages import Message
 
-__all__ = ["PG_DSN", "POLL", "RABBITMQ_URL", "Place", "chunks"]
+__all__ = ["PACE_WAIT", "PG_DSN", "POLL", "RABBITMQ_URL", "Place", "chunks", "pacing"]
 
 PG_DSN = os.environ.get("BRIDGE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RABBITMQ_URL = os.environ.get("BRIDGE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 POLL = 0.002  # seconds between polls of a latency consumer that found nothing
+PACE_WAIT = 0.0005  # seconds a paced writer waits when nothing is due yet
+
+
+def pacing(rate: float, seconds: float) -> Iterator[tuple[int, int]]:
+    """A paced writer's steps, `rate` messages a second for `seconds`: (how many were written
+    before, how many are due now); 0 due means wait (`PACE_WAIT` seconds) and ask again."""
+    sent, started = 0, time.monotonic()
+    total = int(rate * seconds)
+    while sent < total:
+        due = min(total, int((time.monotonic() - started) * rate) + 1) - sent
+        yield sent, max(0, due)
+        sent += max(0, due)
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

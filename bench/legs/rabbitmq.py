@@ -11,7 +11,7 @@ from typing import Any
 
 import pika
 
-from bench.legs.place import Place
+from bench.legs.place import PACE_WAIT, Place, pacing
 from bench.messages import NUMBER, WRITTEN_AT, Message, body_of, headers_of
 from bridge.config.models import RabbitMQConnection
 from bridge.envelope import Envelope, Headers
@@ -133,19 +133,17 @@ class RabbitPlace(Place):
             connection = self.blocking()
             try:
                 channel = connection.channel()
-                sent, started = 0, time.monotonic()
-                total = int(rate * seconds)
-                while sent < total:
-                    due = min(total, int((time.monotonic() - started) * rate) + 1) - sent
-                    if due <= 0:
-                        time.sleep(0.0005)
+                sent = 0
+                for before, due in pacing(rate, seconds):
+                    if not due:
+                        time.sleep(PACE_WAIT)
                         continue
                     now = time.time()
                     for props, data in self.amqp(
-                        [(headers_of(sent + i, now), body) for i in range(due)]
+                        [(headers_of(before + i, now), body) for i in range(due)]
                     ):
                         channel.basic_publish(self.address, "", data, props)
-                    sent += due
+                    sent = before + due
                 connection.process_data_events(0)
                 return sent
             finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from bench.legs.place import POLL, Place, chunks
+from bench.legs.place import PACE_WAIT, POLL, Place, chunks, pacing
 from bench.messages import NUMBER, WRITTEN_AT, Message, body_of, headers_json, headers_of
 from bridge.config.models import PostgresConnection, SqliteConnection
 from bridge.transports import load
@@ -225,22 +225,20 @@ class SqlPlace(Place):
         def run() -> int:
             db = self.connect()
             try:
-                sent, started = 0, time.monotonic()
-                total = int(rate * seconds)
-                while sent < total:
-                    due = min(total, int((time.monotonic() - started) * rate) + 1) - sent
-                    if due <= 0:
-                        time.sleep(0.0005)
+                sent = 0
+                for before, due in pacing(rate, seconds):
+                    if not due:
+                        time.sleep(PACE_WAIT)
                         continue
                     now = time.time()
                     rows = [
-                        (str(uuid.uuid4()), None, headers_json(headers_of(sent + i, now)), body)
+                        (str(uuid.uuid4()), None, headers_json(headers_of(before + i, now)), body)
                         for i in range(due)
                     ]
                     self._begin(db)
                     db.cursor().executemany(self.statements.send, rows)
                     db.commit()
-                    sent += due
+                    sent = before + due
                 return sent
             finally:
                 db.close()
