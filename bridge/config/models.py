@@ -97,7 +97,9 @@ class Route(Strict):
     )
     headers: HeaderRules = Field(default_factory=HeaderRules)
     address_map: dict[str, str] = Field(
-        default_factory=dict, description="NServiceBus.ReplyToAddress translations."
+        default_factory=dict,
+        description="Address translations of NServiceBus.ReplyToAddress, NServiceBus.FailedQ and "
+        "ServiceControl.Retry.AcknowledgementQueue.",
     )
 
     @field_validator("name")

@@ -1,7 +1,8 @@
 """Header rules of a route, applied between source and sink.
 
-Order: the address map (NServiceBus.ReplyToAddress, and NServiceBus.FailedQ on error copies, as
-the Messaging Bridge does), then rename, drop, set. An address missing from the map passes
+Order: the address map (NServiceBus.ReplyToAddress, NServiceBus.FailedQ on error copies and
+ServiceControl.Retry.AcknowledgementQueue on retried messages, as the Messaging Bridge does),
+then rename, drop, set. An address missing from the map passes
 unchanged. Everything else about the message crosses untouched.
 """
 
@@ -12,7 +13,11 @@ from bridge.envelope import Envelope
 
 __all__ = ["ADDRESS_HEADERS", "RouteRules"]
 
-ADDRESS_HEADERS = ("NServiceBus.ReplyToAddress", "NServiceBus.FailedQ")
+ADDRESS_HEADERS = (
+    "NServiceBus.ReplyToAddress",
+    "NServiceBus.FailedQ",
+    "ServiceControl.Retry.AcknowledgementQueue",
+)
 
 
 class RouteRules:

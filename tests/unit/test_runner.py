@@ -177,6 +177,26 @@ async def test_header_rules_and_address_map() -> None:
     assert second.headers.get("NServiceBus.ReplyToAddress") == "Other@[dbo]@[nsb]"  # type: ignore[union-attr]
 
 
+async def test_a_retry_acknowledgement_queue_is_translated_like_the_reply_address() -> None:
+    """ServicePulse's retry carries `ServiceControl.Retry.AcknowledgementQueue`; the endpoint
+    that processes the retry sends its acknowledgement there, so across transports it must be
+    translated as the Messaging Bridge does (NServiceBus.MessagingBridge
+    src/NServiceBus.MessagingBridge/MessageShovel.cs:58-68; the endpoint's side:
+    NServiceBus src/NServiceBus.Core/Recoverability/RetryAcknowledgementBehavior.cs:15-37)."""
+    transport = Transport(broker=Broker())
+    route = make_route(
+        address_map={"Particular.ServiceControl@[dbo]@[sc]": "Particular.ServiceControl"}
+    )
+    ack = "ServiceControl.Retry.AcknowledgementQueue"
+    retried = message(1, **{ack: "Particular.ServiceControl@[dbo]@[sc]"})
+    await transport.sink(route.from_.address).send([retried])
+    runner = runner_for(route, transport)
+    dst = transport.broker.queue(route.to.address)
+    await run_until(runner, lambda: len(dst) == 1)
+    (forwarded,) = dst
+    assert forwarded.headers.get(ack) == "Particular.ServiceControl"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("ahead", [False, True], ids=["one-at-a-time", "receiving-ahead"])
 async def test_failing_destination_keeps_messages_at_source_until_it_recovers(ahead: bool) -> None:
     transport = Transport(broker=Broker(), receives_ahead=ahead)
