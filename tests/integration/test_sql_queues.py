@@ -72,17 +72,19 @@ class Db:
     def _sql(self, statement: str) -> str:
         return statement if self.kind == "sqlite" else statement.replace("?", "%s")
 
-    def insert(self, name: str, headers: str | bytes, body: bytes = b"") -> None:
-        """A row as a foreign writer leaves it; bytes headers go in as TEXT holding those bytes
-        (SQLite only: PostgreSQL TEXT cannot hold anything but valid UTF-8)."""
+    def insert(self, name: str, headers: str | bytes, body: bytes = b"") -> str:
+        """A row as a foreign writer leaves it, and its Id; bytes headers go in as TEXT holding
+        those bytes (SQLite only: PostgreSQL TEXT cannot hold anything but valid UTF-8)."""
         column = "CAST(? AS TEXT)" if isinstance(headers, bytes) else "?"
+        row_id = str(uuid.uuid4())
         with self._cursor() as cursor:
             cursor.execute(
                 self._sql(
                     f"INSERT INTO {self.table(name)} (id, headers, body) VALUES (?, {column}, ?)"
                 ),
-                (str(uuid.uuid4()), headers, body),
+                (row_id, headers, body),
             )
+        return row_id
 
     def canonical(self, name: str) -> str:
         """The address NServiceBus writes in headers (wire-format §6), spelled out."""
@@ -561,11 +563,11 @@ async def test_poison_rows_surface_with_raw_headers_and_do_not_block(db: Db) -> 
     for i, raw in enumerate(poison):
         db.insert(name, raw, f"p{i}".encode())
     db.insert(name, '{"NServiceBus.MessageId":"after"}', b"b1")
-    db.insert(name, "", b"no headers")
+    no_headers = db.insert(name, "", b"no headers")
     source = db.transport.source(name)
     try:
         batch = await source.receive_batch(20, 5.0)
-        assert ids(list(batch.messages)) == ["before", "after", None]
+        assert ids(list(batch.messages)) == ["before", "after", no_headers]
         assert [m.body for m in batch.messages] == [b"b0", b"b1", b"no headers"]
         assert [(p.raw_headers, p.body) for p in batch.poison] == [
             (raw, f"p{i}".encode()) for i, raw in enumerate(poison)
@@ -575,6 +577,25 @@ async def test_poison_rows_surface_with_raw_headers_and_do_not_block(db: Db) -> 
     finally:
         await source.close()
     assert db.rows(name) == []
+
+
+async def test_a_row_without_a_message_id_takes_its_row_id(db: Db) -> None:
+    """A native-integration insert may leave `NServiceBus.MessageId` out, or empty: an endpoint
+    reading the row then uses the row's Id (NServiceBus src/NServiceBus.Core/Transports/
+    IncomingMessage.cs:25-33 at 6e2ab22; the SQL transport passes the Id as the native id), and
+    so does the bridge, so that a destination that requires one (RabbitMQ) takes the message."""
+    name = await queue(db)
+    missing = db.insert(name, '{"Shop.Kind":"native"}', b"m")
+    empty = db.insert(name, '{"NServiceBus.MessageId":"","Shop.Kind":"native"}', b"e")
+    kept = db.insert(name, '{"NServiceBus.MessageId":"own","Shop.Kind":"native"}', b"k")
+    got = await drain(db, name)
+    assert [(e.message_id, e.native_id) for e in got] == [
+        (missing, missing),
+        (empty, empty),
+        ("own", kept),
+    ]
+    assert got[0].headers.items() == [("Shop.Kind", "native"), ("NServiceBus.MessageId", missing)]
+    assert got[1].headers.items() == [("NServiceBus.MessageId", empty), ("Shop.Kind", "native")]
 
 
 async def test_poison_moves_to_the_error_queue_in_the_same_transaction(db: Db) -> None:

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from bridge.envelope import Envelope, Headers, PoisonMessage
+from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
 from bridge.transports.sql import headers as headers_codec
 
@@ -216,7 +216,11 @@ def scanned_rows(rows: Sequence[Sequence[Any]]) -> list[ScannedRow]:
 
 
 def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
-    """The envelope of a live row, or a poison message when its headers cannot be read."""
+    """The envelope of a live row, or a poison message when its headers cannot be read.
+
+    A row without `NServiceBus.MessageId`, or with an empty one (a native-integration insert),
+    gets its row Id as message id, as an NServiceBus endpoint reading it does.
+    """
     try:
         headers = headers_codec.decode(row.headers)
     except HeadersFormatError as exc:
@@ -227,6 +231,8 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
             exception_type=type(exc).__name__,
             native_id=row.native_id,
         )
+    if not headers.get(MESSAGE_ID):  # a native insert without one: its row Id, as endpoints do
+        headers.set(MESSAGE_ID, row.native_id)
     expires_at = None if row.remaining_ms is None else now + row.remaining_ms / 1000
     return Envelope(headers, row.body, expires_at=expires_at, native_id=row.native_id)
 
