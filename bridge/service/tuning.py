@@ -17,8 +17,8 @@ of up to 32 MiB of freed heap held after a burst. Setting either through glibc's
 variables (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) leaves both as they are.
 Elsewhere (musl, macOS) it does nothing.
 
-`tests/unit/test_tuning.py` shows that a route moves the same messages either way; to weigh
-the gain, run the same route with and without `BRIDGE_TUNING=off`.
+`tests/unit/test_tuning.py` shows that a route moves the same messages either way;
+`bench/speedups.py tuning` weighs the gain (the same route with and without `BRIDGE_TUNING=off`).
 """
 
 from __future__ import annotations
