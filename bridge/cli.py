@@ -110,6 +110,11 @@ def _parser() -> argparse.ArgumentParser:
     peek.add_argument("queue")
     peek.add_argument("--json", action="store_true", help="print JSON")
 
+    endpoints = subcommands.add_parser(
+        "endpoints", parents=[common], help="the endpoint registry: addresses and derived routes"
+    )
+    endpoints.add_argument("--json", action="store_true", help="print JSON")
+
     migrate = subcommands.add_parser("migrate", parents=[common], help="bulk-move with PySpark")
     migrate.add_argument("--route", required=True)
     migrate.add_argument("--master", default="local[*]")
@@ -157,6 +162,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
                 ttl=args.ttl,
                 count=args.count,
             )
+        case "endpoints":
+            return await commands.endpoints(config, as_json=args.json)
         case "peek":
             return await commands.peek(config, args.connection, args.queue, as_json=args.json)
         case "migrate":

@@ -11,9 +11,11 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bridge.config.loader import LoadedConfig, load_config
-from bridge.config.models import BridgeConfig
+from bridge.config.models import BridgeConfig, DerivedRoute
+from bridge.config.registry import Registry
 from bridge.errors import BridgeError, UsageError
 from bridge.nservicebus.messages import endpoint_message
 from bridge.nservicebus.wireformat import parse_timespan
@@ -21,7 +23,7 @@ from bridge.protocols import QueueStats, Transport
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
 
-__all__ = ["check", "install", "migrate", "peek", "report", "run", "send"]
+__all__ = ["check", "endpoints", "install", "migrate", "peek", "report", "run", "send"]
 
 #: Messages `send` hands the sink per call.
 SEND_CHUNK = 1000
@@ -44,21 +46,39 @@ def load_routes(path: str, *, offline: bool = False) -> LoadedConfig:
     return loaded
 
 
-def addresses(config: BridgeConfig, names: Sequence[str] | None = None) -> dict[str, list[str]]:
-    """Every address each connection needs: sources, destinations and error queues."""
+def addresses(config: BridgeConfig, *, installing: bool = False) -> dict[str, list[str]]:
+    """Every address each connection needs: sources, destinations and error queues.
+
+    `installing`: what `bridge install` creates. The registry's endpoints own their queues; the
+    proxies and their error queues are created only with `proxies: {create: true}`.
+    """
     needed: dict[str, list[str]] = {}
-    for route in config.routes:
-        if names and route.name not in names:
-            continue
-        for connection, address in (
+    for route in config.all_routes:
+        ends = [
             (route.from_.connection, route.from_.address),
             (route.to.connection, route.to.address),
             (route.from_.connection, route.error_queue_name),
-        ):
+        ]
+        if installing and isinstance(route, DerivedRoute):
+            ends = [ends[0], ends[2]] if config.proxies.create else []
+        for connection, address in ends:
             bucket = needed.setdefault(connection, [])
             if address not in bucket:
                 bucket.append(address)
     return needed
+
+
+def describe_counts(config: BridgeConfig) -> str:
+    """`2 connections, 1 route, 4 derived from 3 endpoints`."""
+
+    def count(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    out = f"{count(len(config.connections), 'connection')}, {count(len(config.routes), 'route')}"
+    if config.endpoints:
+        out += f", {len(config.derived_routes)} derived from "
+        out += count(len(config.endpoints), "endpoint")
+    return out
 
 
 def _known_connection(config: BridgeConfig, name: str) -> None:
@@ -75,7 +95,7 @@ def _transport(config: BridgeConfig, name: str) -> Transport:
 async def check(config_path: str, *, connect: bool) -> int:
     """Validate the config; with `connect`, reach every connection and each address it needs."""
     config = load_routes(config_path).config
-    print(f"{config_path}: OK ({len(config.connections)} connections, {len(config.routes)} routes)")
+    print(f"{config_path}: OK ({describe_counts(config)})")
     if not connect:
         return 0
     failures = 0
@@ -98,7 +118,7 @@ async def check(config_path: str, *, connect: bool) -> int:
 async def install(config_path: str, *, print_only: bool) -> int:
     """Create what every route needs, or with `print_only` print each transport's statements."""
     config = load_routes(config_path, offline=print_only).config
-    for name, needed in addresses(config).items():
+    for name, needed in addresses(config, installing=True).items():
         transport = _transport(config, name)
         try:
             statements = await transport.install(needed, print_only=print_only)
@@ -205,6 +225,64 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
     return 0
 
 
+def describe_registry(config: BridgeConfig) -> dict[str, Any]:
+    """`bridge endpoints --json`: each endpoint's address on every connection, and the routes."""
+    registry = Registry(config)
+    routes = {(r.endpoint, r.from_.connection): r.name for r in config.derived_routes}
+    listed: dict[str, dict[str, Any]] = {}
+    for place in registry.places():
+        entry = listed.setdefault(
+            place.endpoint,
+            {"name": place.endpoint, "connection": registry.home(place.endpoint), "addresses": {}},
+        )
+        entry["addresses"][place.connection] = {
+            "queue": place.queue,
+            "address": place.address,
+            "proxy": place.proxy,
+            "route": routes.get((place.endpoint, place.connection)),
+        }
+    return {
+        "endpoints": list(listed.values()),
+        "proxies": {"create": config.proxies.create, "connections": registry.connections()},
+        "routes": [
+            {
+                "name": r.name,
+                "endpoint": r.endpoint,
+                "from": {"connection": r.from_.connection, "address": r.from_.address}
+                | ({"group": r.from_.group} if r.from_.group else {}),
+                "to": {"connection": r.to.connection, "address": r.to.address},
+                "batch_size": r.batch_size,
+                "concurrency": r.concurrency,
+            }
+            for r in config.derived_routes
+        ],
+    }
+
+
+def render_registry(report: dict[str, Any]) -> str:
+    """`bridge endpoints`: one block per endpoint, one line per connection."""
+    if not report["endpoints"]:
+        return "no endpoints registered (add `endpoints:` to the config)"
+    lines = []
+    for endpoint in report["endpoints"]:
+        lines.append(f"{endpoint['name']} (lives on {endpoint['connection']})")
+        width = max(len(c) for c in endpoint["addresses"])
+        for connection, place in endpoint["addresses"].items():
+            role = f"proxy, route {place['route']}" if place["proxy"] else "its own queue"
+            lines.append(f"  {connection:<{width}}  {place['address']}  ({role})")
+    create = "created by `bridge install`" if report["proxies"]["create"] else "must exist"
+    lines.append(f"{len(report['routes'])} derived routes; proxies {create}")
+    return "\n".join(lines)
+
+
+async def endpoints(config_path: str, *, as_json: bool) -> int:
+    """Print the endpoint registry: endpoints, their addresses everywhere, derived routes."""
+    config = load_routes(config_path).config
+    report = describe_registry(config)
+    print(json.dumps(report, indent=2) if as_json else render_registry(report))
+    return 0
+
+
 async def run(
     config_path: str,
     *,
@@ -221,7 +299,7 @@ async def run(
     from bridge.service.launch import run as launch
 
     config = load_routes(config_path).config
-    unknown = [name for name in routes if name not in {r.name for r in config.routes}]
+    unknown = [name for name in routes if name not in {r.name for r in config.all_routes}]
     if unknown:
         raise UsageError(f"no route named {unknown[0]!r} in {config_path}")
     options = RunOptions(

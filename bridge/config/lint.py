@@ -7,27 +7,19 @@ transport's names) live with that transport in its driver-free `config.py`, list
 from __future__ import annotations
 
 import re
-from types import ModuleType
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from bridge.config.models import BridgeConfig, ConnectionConfig, Endpoint
+from bridge.config.kinds import RULES
+from bridge.config.models import ROUTE_NAME, BridgeConfig, ConnectionConfig, Endpoint
+from bridge.config.registry import Registry
 from bridge.errors import ConfigError
-from bridge.transports.kafka import config as kafka_config
-from bridge.transports.rabbitmq import config as rabbitmq_config
-from bridge.transports.sql import config as sql_config
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
 
-__all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint"]
-
-#: Connection type -> the driver-free module with its rules: `ADDRESS_KEY` (a route end names a
-#: `queue` or a `topic`), `SOURCE_GROUP` (a source reads in a consumer group), `lint(connection)`
-#: yields (key, problem) pairs, `address_problem(kind, name)` says why a name would be refused.
-RULES: dict[str, ModuleType] = {
-    kind: module for module in (sql_config, kafka_config, rabbitmq_config) for kind in module.KINDS
-}
+__all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint", "route_warnings"]
 
 #: Connection fields that may hold a credential; nothing else in routes.yaml may.
 SECRET_KEYS = ("dsn", "url", "sasl_password")
@@ -113,6 +105,133 @@ def lint(config: BridgeConfig, at: Positions) -> None:
         for old, new in route.headers.rename.items():
             if not old or not new:
                 raise ConfigError("header names cannot be empty", at.at((*path, "headers")))
+    if config.endpoints:
+        _registry(config, at)
+
+
+def _registry(config: BridgeConfig, at: Positions) -> None:
+    """The rules of `endpoints:` and `proxies:` (messaging-bridge.md §1 and §4)."""
+    known = ", ".join(sorted(config.connections)) or "none"
+    listed = config.proxies.connections
+    for i, name in enumerate(listed or ()):
+        where = at.at(("proxies", "connections", i))
+        if name not in config.connections:
+            raise ConfigError(f"proxies: no connection named {name!r} (known: {known})", where)
+        if name in (listed or [])[:i]:
+            raise ConfigError(f"proxies: connection {name!r} is listed twice", where)
+    by_folded: dict[str, str] = {}
+    for name, endpoint in config.endpoints.items():
+        path: tuple[str | int, ...] = ("endpoints", name)
+        if endpoint.connection not in config.connections:
+            raise ConfigError(
+                f"endpoint {name!r} names connection {endpoint.connection!r}, which is not "
+                f"defined (known: {known})",
+                at.at((*path, "connection")),
+            )
+        if not ROUTE_NAME.match(name):
+            raise ConfigError(
+                f"endpoint name {name!r}: use letters, digits, '.', '_' and '-' (it names the "
+                "endpoint's proxies and their routes)",
+                at.at(path, key=True),
+            )
+        other = by_folded.setdefault(name.casefold(), name)
+        if other != name:
+            raise ConfigError(
+                f"endpoints {other!r} and {name!r} differ only in case: addresses are matched "
+                "exactly, so one of them would never receive; register one spelling",
+                at.at(path, key=True),
+            )
+        if endpoint.queue is not None:
+            kind = config.connections[endpoint.connection].type
+            _address_name(kind, endpoint.queue, f"endpoint {name!r}", at.at((*path, "queue")))
+    registry = Registry(config)
+    connections = registry.connections()
+    if len(connections) < 2:
+        raise ConfigError(
+            "the endpoint registry needs at least two connections: an endpoint has proxies on "
+            "the connections it does not live on",
+            at.at(("endpoints",), key=True),
+        )
+    for connection in connections:
+        if not ROUTE_NAME.match(connection):
+            raise ConfigError(
+                f"connection name {connection!r}: use letters, digits, '.', '_' and '-' (it "
+                "names the routes of the proxies on it)",
+                at.at(("connections", connection), key=True),
+            )
+    for place in registry.proxies():
+        kind = config.connections[place.connection].type
+        _address_name(
+            kind,
+            place.queue,
+            f"endpoint {place.endpoint!r} (its proxy on {place.connection!r})",
+            at.at(("endpoints", place.endpoint), key=True),
+        )
+    _error_queues(config, at)
+    _routes_against_registry(config, registry, at)
+
+
+def _error_queues(config: BridgeConfig, at: Positions) -> None:
+    """No error queue may be named like an endpoint: the endpoint would receive poison."""
+    folded = {name.casefold(): name for name in config.endpoints}
+    queues: list[tuple[str, tuple[str | int, ...] | None]] = [
+        (config.proxies.error_queue or DEFAULT_ERROR_QUEUE, ("proxies", "error_queue"))
+    ]
+    for i, route in enumerate(config.routes):
+        queues.append((route.error_queue_name, ("routes", i, "error_queue")))
+    for queue, path in queues:
+        endpoint = folded.get(queue.casefold())
+        if endpoint is not None:
+            written = path is not None and path in at.values
+            raise ConfigError(
+                f"error queue {queue!r} is named like endpoint {endpoint!r}: messages the bridge "
+                "cannot forward would be delivered to the endpoint; name another error queue",
+                at.at(path) if written and path else at.at(("endpoints", endpoint), key=True),
+            )
+
+
+def _routes_against_registry(config: BridgeConfig, registry: Registry, at: Positions) -> None:
+    """A written route must not do what a derived one does, nor take its name."""
+    derived = {route.name: route for route in registry.routes()}
+    sources = {(r.from_.connection, r.from_.address): r for r in derived.values()}
+    for i, route in enumerate(config.routes):
+        if route.name in derived:
+            raise ConfigError(
+                f"route name {route.name!r} is the name of a route the registry derives",
+                at.at(("routes", i, "name")),
+            )
+        same = sources.get((route.from_.connection, route.from_.address))
+        if same is not None:
+            raise ConfigError(
+                f"route {route.name!r} reads {route.from_.address!r} on "
+                f"{route.from_.connection!r}, the proxy of endpoint {same.endpoint!r}, which "
+                f"route {same.name!r} (derived from the registry) already forwards",
+                at.at(("routes", i, "from")),
+            )
+
+
+#: Connection types NServiceBus endpoints send and reply on. Kafka is not one: no NServiceBus
+#: endpoint replies to a Kafka topic.
+_NSERVICEBUS_TYPES = ("sqlserver", "postgresql", "sqlite", "rabbitmq")
+
+
+def route_warnings(config: BridgeConfig, at: Positions) -> list[str]:
+    """Routes that work but whose replies may not: a written route between two NServiceBus
+    transports with no address map carries reply addresses the other side cannot reach."""
+    out = []
+    for i, route in enumerate(config.routes):
+        source = config.connections[route.from_.connection].type
+        destination = config.connections[route.to.connection].type
+        crosses = source != destination and {source, destination} <= set(_NSERVICEBUS_TYPES)
+        if crosses and not route.address_map:
+            out.append(
+                f"{at.at(('routes', i, 'name'))}: warning: route {route.name!r} crosses from "
+                f"{source} to {destination} with no address_map: NServiceBus.ReplyToAddress "
+                f"values written on {route.from_.connection!r} are not addresses on "
+                f"{route.to.connection!r}; register the endpoints under `endpoints:` or map "
+                "them in `address_map`"
+            )
+    return out
 
 
 def _literal_secret(raw: str, key: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from bridge.config.lint import credential_warnings, is_secret, lint
+from bridge.config.lint import credential_warnings, is_secret, lint, route_warnings
 from bridge.config.models import BridgeConfig
 from bridge.errors import ConfigError
 from bridge.transports import TRANSPORTS
@@ -144,6 +144,12 @@ class _Builder:
             if not isinstance(key, str):
                 raise ConfigError(f"keys must be strings, got {key!r}", self._where(key_node))
             if key in out:
+                if path == ("endpoints",):
+                    raise ConfigError(
+                        f"endpoint {key!r} is registered twice: an endpoint lives on exactly "
+                        "one connection",
+                        self._where(key_node),
+                    )
                 raise ConfigError(f"duplicate key {key!r}", self._where(key_node))
             self.positions.keys[(*path, key)] = _mark(key_node)
             out[key] = self.build(value_node, (*path, key))
@@ -323,6 +329,7 @@ def parse_config(
         raise _validation_error(exc, positions, builder.raw) from None
     lint(config, positions)
     warnings = builder.notes + credential_warnings(builder.raw, positions)
+    warnings += route_warnings(config, positions)
     return LoadedConfig(config, positions, builder.used, warnings)
 
 

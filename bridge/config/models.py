@@ -8,6 +8,7 @@ against its connections, each transport's own rules) are applied by `lint.py`.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Annotated
 
 from pydantic import Field, field_validator
@@ -26,18 +27,22 @@ from bridge.transports.sql.config import (
 __all__ = [
     "BridgeConfig",
     "ConnectionConfig",
+    "DerivedRoute",
     "Endpoint",
     "HeaderRules",
     "HttpConfig",
     "KafkaConnection",
     "PostgresConnection",
+    "Proxies",
     "RabbitMQConnection",
+    "RegisteredEndpoint",
     "Route",
     "SqlServerConnection",
     "SqliteConnection",
 ]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+#: Route names (also those the registry derives from endpoint and connection names).
+ROUTE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
 class HttpConfig(Strict):
@@ -105,7 +110,7 @@ class Route(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
+        if not ROUTE_NAME.match(value):
             raise ValueError("route names use letters, digits, '.', '_' and '-'")
         return value
 
@@ -121,13 +126,78 @@ class Route(Strict):
         return self.error_queue or DEFAULT_ERROR_QUEUE
 
 
+class DerivedRoute(Route):
+    """A route the registry derives: the proxy of `endpoint` on `from.connection` -> the
+    endpoint's own queue. Never written in routes.yaml."""
+
+    endpoint: str = Field(description="The registered endpoint this route forwards to.")
+
+
+class RegisteredEndpoint(Strict):
+    connection: str = Field(description="The one connection the endpoint lives on.")
+    queue: str | None = Field(
+        None,
+        min_length=1,
+        description="Its input queue (table, queue or topic) there, when not the endpoint's name.",
+    )
+    batch_size: int | None = Field(
+        None, gt=0, le=10_000, description="Batch size of the routes into it (`proxies`' else)."
+    )
+    concurrency: int | None = Field(
+        None, gt=0, le=64, description="Receive loops of each route into it (`proxies`' else)."
+    )
+
+
+class Proxies(Strict):
+    create: bool = Field(
+        default=False,
+        description="`bridge install` creates the proxies and their error queues (needs the "
+        "rights to); otherwise they must exist, and `bridge check --connect` lists those missing.",
+    )
+    connections: list[str] | None = Field(
+        default=None, description="Connections that hold proxies; every connection when omitted."
+    )
+    batch_size: int = Field(default=500, gt=0, le=10_000, description="Messages per transaction.")
+    concurrency: int = Field(
+        default=1, gt=0, le=64, description="Competing receive loops per route."
+    )
+    error_queue: str | None = Field(
+        default=None,
+        description="Where a derived route puts what it cannot forward, on the proxy's "
+        "connection; `bridge.error` when omitted.",
+    )
+    group: str = Field(
+        default="bridge",
+        min_length=1,
+        description="A proxy on Kafka is read in consumer group `<group>.<endpoint>`.",
+    )
+
+
 class BridgeConfig(Strict):
     http: HttpConfig | None = None
     connections: dict[str, ConnectionConfig] = Field(description="Named connections.")
     routes: list[Route] = Field(default_factory=list, description="What moves where.")
+    endpoints: dict[str, RegisteredEndpoint] = Field(
+        default_factory=dict,
+        description="The endpoint registry: each endpoint and the connection it lives on. The "
+        "bridge derives a proxy and a route for it on every other connection.",
+    )
+    proxies: Proxies = Field(Proxies(), description="How proxies are made and read.")
+
+    @cached_property
+    def derived_routes(self) -> list[DerivedRoute]:
+        """The routes the registry derives, in a stable order (endpoint, then connection)."""
+        from bridge.config.registry import Registry
+
+        return Registry(self).routes()
+
+    @property
+    def all_routes(self) -> list[Route]:
+        """The routes written in the file, then those the registry derives."""
+        return [*self.routes, *self.derived_routes]
 
     def route(self, name: str) -> Route:
-        for route in self.routes:
+        for route in self.all_routes:
             if route.name == name:
                 return route
         raise KeyError(name)

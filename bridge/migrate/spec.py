@@ -78,7 +78,7 @@ class JobSpec:
         try:
             return config, config.route(self.route_name)
         except KeyError:
-            known = ", ".join(r.name for r in config.routes) or "none"
+            known = ", ".join(r.name for r in config.all_routes) or "none"
             raise ConfigError(
                 f"no route named {self.route_name!r} (known: {known})", self.shipped.file
             ) from None

@@ -93,13 +93,14 @@ class RouteRunner:
         metrics: RouteMetrics | None = None,
         tracing: RouteTracing | None = None,
         probe: Probe | None = None,
+        rules: RouteRules | None = None,
     ) -> None:
         self.route = route
         self._endpoints = endpoints
         self._poll_timeout = poll_timeout
         self._stop_on_fatal = stop_on_fatal
         self._probe = probe
-        self._rules = RouteRules(route)
+        self._rules = rules or RouteRules(route)
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
@@ -285,8 +286,7 @@ class RouteRunner:
         if self._rules.identity and not self.tracing.enabled:
             pairs = [(original, original) for original in originals]  # nothing to rewrite
         else:
-            forward = self.tracing.forward
-            pairs = [(original, forward(self._rules(original))) for original in originals]
+            pairs = self._rewrite(batch, originals, refused)
         while True:
             try:
                 if pairs or batch.checkpoint:
@@ -310,6 +310,20 @@ class RouteRunner:
                         refused.append(exc)
                     continue
             return await self._send_one_by_one(batch, sink, pairs, refused)
+
+    def _rewrite(
+        self, batch: ReceivedBatch, originals: list[Envelope], refused: list[BaseException]
+    ) -> list[tuple[Envelope, Envelope]]:
+        """Each message with the route's rules applied; one they refuse is rejected."""
+        forward = self.tracing.forward
+        pairs = []
+        for original in originals:
+            try:
+                pairs.append((original, forward(self._rules(original))))
+            except MessageRejected as exc:
+                batch.reject(original, exc)
+                refused.append(exc)
+        return pairs
 
     @staticmethod
     def _refused(exc: MessageRejected, count: int) -> dict[int, MessageRejected]:

@@ -9,7 +9,8 @@ shows comes from a `Status`: `RunnerStatus` for the routes of this process, or, 
 - `/readyz`: 200 when every route is running (its source and destination reached, no loop in
   backoff), else 503 with each waiting route and its state.
 - `/metrics`: Prometheus text from the prometheus_client registry the OpenTelemetry reader feeds.
-- `/routes`: JSON with each route's state, counters and last error.
+- `/routes`: JSON with each route's state, counters and last error; a route the registry
+  derives names its `endpoint`.
 
 A client that drops the connection early (a probe that times out, a load balancer's TCP check)
 is worth one DEBUG line, not a traceback; any other failure of a request is logged as an error.
@@ -26,6 +27,7 @@ from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from bridge.config.models import DerivedRoute
 from bridge.routing.runner import RouteRunner
 from bridge.telemetry.redact import redactor
 
@@ -45,6 +47,8 @@ def route_report(runners: Sequence[RouteRunner]) -> list[dict[str, Any]]:
         out.append(
             {
                 "name": route.name,
+                # the registered endpoint a derived route forwards to; None for a written route
+                "endpoint": route.endpoint if isinstance(route, DerivedRoute) else None,
                 "from": {"connection": route.from_.connection, "address": route.from_.address},
                 "to": {"connection": route.to.connection, "address": route.to.address},
                 "concurrency": route.concurrency,

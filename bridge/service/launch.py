@@ -67,7 +67,7 @@ async def run(config: BridgeConfig, options: RunOptions) -> int:
 
 async def _primary(config: BridgeConfig, options: RunOptions) -> int:
     """Start `options.workers` workers and keep them up."""
-    names = [r.name for r in config.routes if not options.routes or r.name in options.routes]
+    names = [r.name for r in config.all_routes if not options.routes or r.name in options.routes]
     http = None if config.http is None else (config.http.host, config.http.port)
     workers = Workers(
         options.workers,

@@ -19,6 +19,7 @@ import signal
 from collections.abc import Sequence
 
 from bridge.config.models import BridgeConfig, Route
+from bridge.config.registry import Registry
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -27,6 +28,7 @@ from bridge.protocols import (
     TransactionalSource,
     Transport,
 )
+from bridge.routing.rules import RouteRules
 from bridge.routing.runner import Probe, RouteRunner
 from bridge.service.http import HealthServer, RunnerStatus
 from bridge.service.workers import WorkerLink
@@ -50,7 +52,8 @@ class Supervisor:
         link: WorkerLink | None = None,
     ) -> None:
         self.config = config
-        self.routes = [r for r in config.routes if not routes or r.name in routes]
+        self.routes = [r for r in config.all_routes if not routes or r.name in routes]
+        self.registry = Registry(config)
         self.until_idle = until_idle
         self.poll_timeout = poll_timeout if until_idle is None else min(poll_timeout, until_idle)
         self.depth_every = depth_every
@@ -96,6 +99,7 @@ class Supervisor:
             stop_on_fatal=self.until_idle is not None,
             metrics=self.metrics.for_route(route.name),
             probe=self._probe(route),
+            rules=RouteRules(route, self.registry),
         )
 
     def _probe(self, route: Route) -> Probe:

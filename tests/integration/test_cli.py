@@ -251,6 +251,7 @@ def test_print_sql_needs_no_credentials(tmp_path: Path) -> None:
           - name: shipping
             from: {connection: legacy, queue: Shipping}
             to: {connection: rabbit, queue: Shipping}
+            address_map: {"Sales@[sales]": Sales}
         """
     )
     routes.write_text(text)
@@ -332,7 +333,9 @@ def test_the_shipped_routes_yaml_checks_and_holds_the_routes_it_describes(
         monkeypatch.delenv(name, raising=False)
     result = bridge("check", cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "routes.yaml: OK (3 connections, 3 routes)\n"
+    assert result.stdout == (
+        "routes.yaml: OK (3 connections, 2 routes, 2 derived from 2 endpoints)\n"
+    )
     # the one warning: the local RabbitMQ login in the URL's default
     assert result.stderr.count("warning:") == 1 and "connection 'broker'" in result.stderr
 
@@ -346,13 +349,20 @@ def test_the_shipped_routes_yaml_checks_and_holds_the_routes_it_describes(
     assert config.http is not None and config.http.port == 8080
     assert [
         (r.name, r.from_.connection, r.from_.address, r.from_.group, r.to.connection, r.to.address)
-        for r in config.routes
+        for r in config.all_routes
     ] == [
         ("sales-to-kafka", "shop", "Sales", None, "events", "sales"),
         ("sales-to-billing", "events", "sales", "shop-billing", "shop", "Billing"),
-        ("shipping-to-rabbitmq", "shop", "Shipping", None, "broker", "Shipping"),
+        ("proxy.shop.Shipping", "shop", "Shipping", None, "broker", "Shipping"),
+        ("proxy.broker.Warehouse", "broker", "Warehouse", None, "shop", "Warehouse"),
     ]
-    assert [r.error_queue_name for r in config.routes] == ["error", "sales-errors", "bridge.error"]
+    assert [r.error_queue_name for r in config.all_routes] == [
+        "error",
+        "sales-errors",
+        "bridge.error",
+        "bridge.error",
+    ]
+    assert [r.concurrency for r in config.derived_routes] == [1, 2]
     billing = config.routes[1]
     assert billing.concurrency == 2
     assert billing.address_map == {"Sales@[dbo]@[shop]": '"public"."Sales"'}

@@ -23,7 +23,9 @@ __all__ = [
     "KINDS",
     "SOURCE_GROUP",
     "KafkaConnection",
+    "address_key",
     "address_problem",
+    "canonical_address",
     "lint",
     "validate",
 ]
@@ -111,3 +113,13 @@ def address_problem(kind: str, name: str) -> str | None:
             "A-Z a-z 0-9 . _ - (and not '.' or '..')"
         )
     return None
+
+
+def canonical_address(connection: object, name: str) -> str:
+    """The address of the topic `name` as it appears in NServiceBus headers: the name itself."""
+    return name
+
+
+def address_key(connection: object, address: str) -> tuple[str, str | None, str | None]:
+    """What identifies the topic an address in a header names: the name itself."""
+    return address, None, None

@@ -34,7 +34,9 @@ __all__ = [
     "OPERATION_TIMEOUT",
     "SOURCE_GROUP",
     "RabbitMQConnection",
+    "address_key",
     "address_problem",
+    "canonical_address",
     "describe",
     "lint",
     "publish_route",
@@ -114,3 +116,13 @@ def publish_route(config: RabbitMQConnection, queue: str) -> tuple[str, str]:
     if config.topology == "conventional":
         return queue, ""
     return "", queue
+
+
+def canonical_address(connection: object, name: str) -> str:
+    """The address of the queue `name` as it appears in NServiceBus headers: the name itself."""
+    return name
+
+
+def address_key(connection: object, address: str) -> tuple[str, str | None, str | None]:
+    """What identifies the queue an address in a header names: the name itself."""
+    return address, None, None

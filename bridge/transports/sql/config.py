@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from bridge.config.base import Problem, Strict
+from bridge.transports.sql.addresses import address_key, canonical_address
 
 __all__ = [
     "ADDRESS_KEY",
@@ -24,7 +25,9 @@ __all__ = [
     "PostgresConnection",
     "SqlServerConnection",
     "SqliteConnection",
+    "address_key",
     "address_problem",
+    "canonical_address",
     "lint",
 ]
 
