@@ -99,6 +99,9 @@ async def check(config_path: str, *, connect: bool) -> int:
     if not connect:
         return 0
     failures = 0
+    proxies: dict[str, list[str]] = {}
+    for place in Registry(config).proxies():
+        proxies.setdefault(place.connection, []).append(place.queue)
     for name, needed in addresses(config).items():
         transport = _transport(config, name)
         try:
@@ -106,6 +109,14 @@ async def check(config_path: str, *, connect: bool) -> int:
         except BridgeError as exc:
             failures += 1
             print(f"{name}: FAILED: {exc}")
+            if proxies.get(name) and not config.proxies.create:
+                listed = proxies[name]
+                what = "is a proxy" if len(listed) == 1 else "are proxies"
+                print(
+                    f"{name}: note: {', '.join(listed)} {what}, which `bridge install` creates "
+                    "only with `proxies: {create: true}` (it needs the rights to); otherwise "
+                    "create them as the endpoints' own installers would"
+                )
             continue
         finally:
             await transport.close()

@@ -389,3 +389,32 @@ async def test_kafka_and_sqlite_endpoints_reach_each_other(
     finally:
         await lite.close()
         await kafka.close()
+
+
+def test_without_create_install_leaves_proxies_alone_and_check_says_which_are_missing(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              old: {{type: sqlite, path: "{tmp_path / "old.db"}"}}
+              new: {{type: sqlite, path: "{tmp_path / "new.db"}"}}
+            endpoints:
+              Sales: {{connection: old}}
+              Billing: {{connection: new}}
+            """
+        )
+    )
+    installed = bridge(config, "install").stdout
+    assert "Sales" not in installed and "Billing" not in installed  # the endpoints' and proxies'
+    checked = bridge(config, "check", "--connect", check=False)
+    assert checked.returncode == 1
+    assert checked.stdout.startswith(
+        f"{config}: OK (2 connections, 0 routes, 2 derived from 2 endpoints)\n"
+    )
+    assert "old: note: Billing is a proxy, which `bridge install` creates only with " in (
+        checked.stdout
+    )
+    assert "new: note: Sales is a proxy" in checked.stdout
