@@ -43,10 +43,13 @@ class Rig:
     """A routes.yaml with every kind of connection, and ways to fill and count each side."""
 
     def __init__(self, tmp_path: Path, pg_dsn: str, schema: str, kafka: str, rabbit: str) -> None:
-        self.kafka, self.rabbit = kafka, rabbit
+        self.kafka, self.rabbit, self.schema = kafka, rabbit, schema
         self.src, self.dst = unique("Src"), unique("Dst")
         self.topic, self.group = unique("topic"), unique("group")
         self.queue = unique("q")
+        # The endpoint registry: Billing lives on RabbitMQ, Sales on PostgreSQL; each has a
+        # proxy on the other side.
+        self.billing, self.sales = unique("Billing"), unique("Sales")
         self.config = tmp_path / "routes.yaml"
         self.config.write_text(
             textwrap.dedent(
@@ -82,6 +85,11 @@ class Rig:
                     to: {{connection: kafka, topic: "{self.topic}"}}
                     batch_size: {BATCH}
                     concurrency: {CONCURRENCY}
+                endpoints:
+                  {self.billing}: {{connection: rabbit}}
+                  {self.sales}: {{connection: pg}}
+                proxies: {{connections: [pg, rabbit], create: true, batch_size: {BATCH},
+                          concurrency: {CONCURRENCY}}}
                 """
             )
         )
@@ -89,6 +97,7 @@ class Rig:
         self.pg: Transport = load("pg", connections["pg"])
         self.lite: Transport = load("lite", connections["lite"])
         self._offsets: AIOKafkaConsumer | None = None
+        self.rabbit_transport: Transport = load("rabbit", connections["rabbit"])
         self.run("install")
 
     def bridge(self, *args: str) -> BridgeProcess:
@@ -161,21 +170,25 @@ class Rig:
             await consumer.stop()
         return ids
 
-    def rabbit_ids(self) -> list[str]:
+    def rabbit_ids(self, queue: str | None = None) -> list[str]:
+        return [properties.message_id for properties in self.rabbit_messages(queue)]
+
+    def rabbit_messages(self, queue: str | None = None) -> list[pika.BasicProperties]:
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
         channel = connection.channel()
-        ids = []
+        got = []
         while True:
-            method, properties, _ = channel.basic_get(self.queue, auto_ack=True)
+            method, properties, _ = channel.basic_get(queue or self.queue, auto_ack=True)
             if method is None:
                 break
-            ids.append(properties.message_id)
+            got.append(properties)
         connection.close()
-        return ids
+        return got
 
-    def rabbit_depth(self) -> int:
+    def rabbit_depth(self, queue: str | None = None) -> int:
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
-        depth = connection.channel().queue_declare(self.queue, passive=True).method.message_count
+        channel = connection.channel()
+        depth = channel.queue_declare(queue or self.queue, passive=True).method.message_count
         connection.close()
         return int(depth)
 
@@ -203,10 +216,12 @@ class Rig:
             await self._offsets.stop()
         await self.pg.close()
         await self.lite.close()
+        await self.rabbit_transport.close()
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
         channel = connection.channel()
-        channel.queue_delete(self.queue)
-        channel.exchange_delete(self.queue)
+        for name in (self.queue, self.billing, self.sales):
+            channel.queue_delete(name)
+            channel.exchange_delete(name)
         connection.close()
 
 
@@ -284,6 +299,46 @@ async def test_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
     await asyncio.to_thread(rig.run, "run", "--route", "pg-to-rabbit", "--until-idle", "1")
     bound = len(at_kills) * IN_FLIGHT
     report(f"pg->rabbitmq, {killed_at(at_kills)}", sent, rig.rabbit_ids(), bound)
+
+
+async def test_registry_proxy_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
+    """A route the registry derives (Billing's proxy on PostgreSQL -> Billing on RabbitMQ),
+    translating every message's reply address, killed mid-stream like any other."""
+    await rig.rabbit_transport.install([rig.billing])  # the endpoint's own queue
+    ids = [f"b{i}" for i in range(TOTAL)]
+    reply_to = f'"{rig.schema}"."{rig.sales}"'
+    sink = rig.pg.sink(rig.billing)
+    for start in range(0, TOTAL, 1000):
+        await sink.send(
+            [
+                Envelope(
+                    Headers(
+                        [("NServiceBus.MessageId", i), ("NServiceBus.ReplyToAddress", reply_to)]
+                    ),
+                    b"x" * 100,
+                )
+                for i in ids[start : start + 1000]
+            ]
+        )
+    await sink.close()
+    route = f"proxy.pg.{rig.billing}"
+
+    async def delivered() -> int:
+        return await asyncio.to_thread(rig.rabbit_depth, rig.billing)
+
+    with rig.bridge("run", "--route", route) as bridge:
+        at_kills = await kill_mid_stream(bridge, delivered)
+    await asyncio.to_thread(rig.run, "run", "--route", route, "--until-idle", "1")
+    assert await rig.pg_depth(rig.billing) == 0
+    got = await asyncio.to_thread(rig.rabbit_messages, rig.billing)
+    assert {p.reply_to for p in got} == {rig.sales}  # translated to the Sales proxy
+    bound = len(at_kills) * IN_FLIGHT
+    report(
+        f"registry proxy pg->rabbitmq, {killed_at(at_kills)}",
+        set(ids),
+        [p.message_id for p in got],
+        bound,
+    )
 
 
 async def test_rabbitmq_to_pg_kill_9(rig: Rig) -> None:
