@@ -189,7 +189,12 @@ def test_canonical_address_is_table_at_schema_at_catalog(dialect: SqlServerDiale
     assert dialect.canonical_address(TABLE) == "Sales.De layed]@[d.b o]@[my]]db]"
     nsb = SqlServerDialect("legacy", config(catalog="nservicebus", schema="dbo"))
     assert nsb.canonical_address("Sales") == "Sales@[dbo]@[nservicebus]"
-    assert SqlServerDialect("x", config(None, "dbo")).canonical_address("Sales") == "Sales@[dbo]"
+
+
+def test_without_a_catalog_no_address_is_made_before_the_database_is_known() -> None:
+    """An address without its catalog is not the one NServiceBus writes (see below)."""
+    with pytest.raises(TransportError, match="database"):
+        SqlServerDialect("x", config(None, "dbo")).canonical_address("Sales")
 
 
 # -- golden text -------------------------------------------------------------------------------
@@ -500,8 +505,10 @@ class ScriptedConnection:
         receive: list[tuple[Any, ...]],
         index_expires: int = 1,
         headers_types: tuple[str, ...] = ("nvarchar", "sysname"),
+        database: str = "nservicebus",
     ) -> None:
         self.log: list[tuple[str, str, tuple[Any, ...]]] = []
+        self.database = database
         self.recoverable = recoverable
         self.receive = receive
         self.index_expires = index_expires
@@ -519,6 +526,8 @@ class ScriptedConnection:
         if sql.startswith("DECLARE @n int"):
             rows, self.receive = self.receive, []
             return [None, rows]  # a row count in front of the OUTPUT result set
+        if sql == "SELECT DB_NAME()":
+            return [[(self.database,)]]
         return [None]
 
     def cursor(self) -> ScriptedCursor:
@@ -534,12 +543,21 @@ class ScriptedConnection:
         self.log.append(("close", "", ()))
 
 
-def scripted(monkeypatch: pytest.MonkeyPatch, db: ScriptedConnection) -> Transport:
-    def connect(self: SqlServerDialect) -> DbConnection:
+def scripted(
+    monkeypatch: pytest.MonkeyPatch,
+    db: ScriptedConnection,
+    catalog: str | None = CATALOG,
+    schema: str = SCHEMA,
+) -> Transport:
+    """A transport whose every `pyodbc.connect` opens `db` (no SQL Server runs here)."""
+    import pyodbc
+
+    def connect(dsn: str, *, autocommit: bool) -> ScriptedConnection:
+        assert autocommit is False
         return db
 
-    monkeypatch.setattr(SqlServerDialect, "connect", connect)
-    return Transport("legacy", config())
+    monkeypatch.setattr(pyodbc, "connect", connect)
+    return Transport("legacy", config(catalog, schema))
 
 
 async def test_send_writes_recoverable_only_when_the_column_exists(
@@ -595,6 +613,34 @@ async def test_receive_moves_poison_and_drops_expired_in_one_transaction(
     assert copy["NServiceBus.ExceptionInfo.ExceptionType"] == "HeadersFormatError"
     kinds = [kind for kind, _, _ in db.log]
     assert kinds.index("executemany") < kinds.index("commit")
+
+
+async def test_without_a_catalog_addresses_carry_the_database_read_at_connect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NServiceBus's canonical address always carries a catalog (NServiceBus.SqlServer@214c4e8,
+    src/NServiceBus.Transport.SqlServer/Addressing/CanonicalQueueAddress.cs:7-11, 29-32: the
+    catalog may not be empty, and the form is `table@[schema]@[catalog]`), the connection
+    string's database when the endpoint configures none (ConnectionAttributesParser.cs:14-25).
+    Without `catalog`, the bridge asks the connection for its database once, and an error copy
+    names its queue as an endpoint of that database would."""
+    db = ScriptedConnection(True, [("ID-3", 0, "not json", b"p", None, 3)], database="shop]s")
+    transport = scripted(monkeypatch, db, catalog=None, schema="dbo")
+    source = transport.source("Sales", error_queue="error")
+    sink = transport.sink("Audit")
+    try:
+        await sink.send([Envelope(Headers([("NServiceBus.MessageId", "a")]), b"")])
+        batch = await source.receive_batch(5, 1.0)
+        await batch.commit()
+        assert transport.canonical_address("Sales") == "Sales@[dbo]@[shop]]s]"
+    finally:
+        await transport.close()
+    asked = [entry for entry in db.log if entry[1] == "SELECT DB_NAME()"]
+    assert asked == [("execute", tsql.DATABASE_NAME, ())]  # once, on the first connection
+    (copy_row,) = [params for kind, sql, params in db.log if "[dbo].[error]" in sql]
+    assert json.loads(copy_row[2])["NServiceBus.FailedQ"] == "Sales@[dbo]@[shop]]s]"
+    receive = next(sql for kind, sql, _ in db.log if sql.startswith("DECLARE @n int"))
+    assert "FROM [dbo].[Sales] WITH" in receive  # names stay those of the connection's database
 
 
 async def test_check_warns_about_old_tables_with_the_transports_queries(
