@@ -249,7 +249,9 @@ def test_install_runs_the_exact_ddl() -> None:
 
 
 #: `bridge install --print-sql` for `BridgeCheckpoints` in [dbo] without a catalog, in full.
-PRINTED_CHECKPOINTS = """SET XACT_ABORT ON;
+PRINTED_CHECKPOINTS = """SET QUOTED_IDENTIFIER ON;
+SET ANSI_NULLS ON;
+SET XACT_ABORT ON;
 BEGIN TRANSACTION;
 EXEC sp_executesql N'IF EXISTS (
 SELECT *
@@ -283,8 +285,11 @@ GO"""
 
 
 async def test_print_only_install_is_one_standalone_batch_per_table() -> None:
-    """Each printed script runs in sqlcmd or SSMS as is: its own transaction (sp_getapplock's
-    owner), its RETURN inside a dynamic batch so it cannot skip the tables after it, GO after."""
+    """Each printed script runs in sqlcmd or SSMS as is: QUOTED_IDENTIFIER and ANSI_NULLS ON,
+    which the filtered Index_Expires needs and classic sqlcmd without `-I` does not set (the
+    transport's scripts run through SqlClient, which sets both), its own transaction
+    (sp_getapplock's owner), its RETURN inside a dynamic batch so it cannot skip the tables
+    after it, GO after."""
     plain = Transport("legacy", config(catalog=None, schema="dbo"))
     odd = Transport("legacy", config())
     try:
@@ -298,7 +303,8 @@ async def test_print_only_install_is_one_standalone_batch_per_table() -> None:
     for script, batch in zip(executed, printed, strict=True):
         literal = script.replace("'", "''")
         assert batch == (
-            f"SET XACT_ABORT ON;\nBEGIN TRANSACTION;\nEXEC sp_executesql N'{literal}';\nCOMMIT;\nGO"
+            "SET QUOTED_IDENTIFIER ON;\nSET ANSI_NULLS ON;\nSET XACT_ABORT ON;\n"
+            f"BEGIN TRANSACTION;\nEXEC sp_executesql N'{literal}';\nCOMMIT;\nGO"
         )
 
 
@@ -324,8 +330,10 @@ def test_printed_batches_parse_as_tsql_around_the_exact_script(catalog: str | No
     for script, batch in zip(executed, batches, strict=True):
         trees = parse(batch)
         kinds = [type(tree).__name__ for tree in trees]
-        assert kinds == ["Set", "Transaction", "ExecuteSql", "Commit"]
-        (literal,) = trees[2].expressions
+        assert kinds == ["Set", "Set", "Set", "Transaction", "ExecuteSql", "Commit"]
+        options = [tree.sql(dialect="tsql") for tree in trees[:3]]
+        assert options == ["SET QUOTED_IDENTIFIER ON", "SET ANSI_NULLS ON", "SET XACT_ABORT ON"]
+        (literal,) = trees[4].expressions
         assert isinstance(literal, exp.National) and literal.this == script
 
 

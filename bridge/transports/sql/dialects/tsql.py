@@ -141,8 +141,15 @@ def standalone_batch(script: str) -> str:
     skip every later table. So each runs as its own dynamic batch (`RETURN` ends only that),
     verbatim but for doubled quotes, in its own transaction; `XACT_ABORT` rolls a failed one
     back, so the batches after it start without a transaction left open.
+
+    The filtered `Index_Expires` can only be created with QUOTED_IDENTIFIER and ANSI_NULLS ON
+    (SET QUOTED_IDENTIFIER, Transact-SQL reference). The transport's SqlClient connection and
+    the ODBC driver set both at connect; classic sqlcmd without `-I` leaves QUOTED_IDENTIFIER
+    OFF, and the script would fail and roll back. So each batch sets both first.
     """
     return (
+        "SET QUOTED_IDENTIFIER ON;\n"
+        "SET ANSI_NULLS ON;\n"
         "SET XACT_ABORT ON;\n"
         "BEGIN TRANSACTION;\n"
         f"EXEC sp_executesql N'{_in_literal(script)}';\n"
