@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ OUTPUT deleted.Id,
        CASE WHEN deleted.Expires IS NULL THEN 0
             ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
        deleted.Headers, deleted.Body,
-       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;""",
+       CAST(ROUND((CAST(deleted.Expires AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) AS bigint), deleted.RowVersion;""",  # noqa: E501
     "depth": "SELECT isnull(cast(max([RowVersion]) - min([RowVersion]) + 1 AS int), 0) "
     f"FROM {T} WITH (READPAST, READCOMMITTEDLOCK)",
     "oldest": f"SELECT TOP(1) Headers FROM {T} WITH (READPAST) ORDER BY RowVersion",
@@ -433,6 +434,65 @@ def test_ttl_beyond_int32_milliseconds_means_no_expiry(dialect: SqlServerDialect
     assert ttl(-5) == 0  # already spent: expires at once, the receiver drops it
 
 
+def every_statement(dialect: SqlServerDialect) -> list[str]:
+    statements = dialect.queue_statements(TABLE)
+    checkpoints = dialect.checkpoint_statements()
+    return [
+        *statements.create,
+        *(getattr(statements, f) for f in statements.__dataclass_fields__ if f != "create"),
+        *checkpoints.create,
+        checkpoints.upsert,
+        checkpoints.load,
+        checkpoints.insert_new,
+        checkpoints.advance,
+        tsql.send_without_recoverable(T),
+        dialect.remaining_ms("Expires"),
+    ]
+
+
+def test_no_statement_needs_sql_server_2016(dialect: SqlServerDialect) -> None:
+    """The transport runs on servers older than 2016, where DATEDIFF_BIG does not exist; its
+    own receive reads no remaining lifetime at all (NServiceBus.SqlServer@214c4e8,
+    src/NServiceBus.Transport.SqlServer/Queuing/SqlServerConstants.cs:84-107)."""
+    found = [s for s in every_statement(dialect) if "DATEDIFF_BIG" in s.upper()]
+    assert found == []
+
+
+def datetime_as_float(value: datetime) -> float:
+    """SQL Server's CAST(datetime AS float): days since 1900-01-01, the time of day in 1/300 s
+    ticks as the fraction (a datetime holds whole ticks)."""
+    since = value - datetime(1900, 1, 1)
+    ticks = round((since.seconds + since.microseconds / 1e6) * 300)
+    return since.days + ticks / (300 * 86_400)
+
+
+@pytest.mark.parametrize(
+    ("now", "expires", "ms"),
+    [
+        (datetime(2026, 5, 1, 12), datetime(2026, 5, 1, 12, 0, 0, 3_333), 3),
+        (datetime(2026, 5, 1, 12, 0, 0, 996_667), datetime(2026, 5, 1, 12, 0, 1), 3),
+        (datetime(2026, 5, 1, 12), datetime(2026, 5, 1, 12, 0, 0, 500_000), 500),
+        (datetime(2026, 5, 1, 12), datetime(2026, 5, 26, 12), 25 * 86_400_000),  # past DATEDIFF(ms)
+        (datetime(2026, 5, 1, 12), datetime(9999, 12, 31, 23, 59, 59, 996_667), None),
+        (datetime(2026, 5, 1, 12), datetime(1753, 1, 1), None),
+        (datetime(2026, 5, 1, 12, 0, 0, 3_333), datetime(2026, 5, 1, 12), -3),
+    ],
+)
+def test_remaining_ms_is_the_millisecond_difference_anywhere_in_datetime_range(
+    now: datetime, expires: datetime, ms: int | None
+) -> None:
+    """The receive's remaining lifetime, `tsql.remaining_ms`, modelled in Python: float days
+    keep every millisecond across the whole `datetime` range (1753 to 9999)."""
+    assert tsql.remaining_ms("x") == (
+        "CAST(ROUND((CAST(x AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) AS bigint)"
+    )
+    exact = (expires - now) / timedelta(milliseconds=1)
+    got = round((datetime_as_float(expires) - datetime_as_float(now)) * 86_400_000)
+    assert abs(got - exact) < 1
+    if ms is not None:
+        assert got == ms
+
+
 def test_other_parameter_shapes() -> None:
     assert placeholders(GOLDEN_DML["receive"]) == 1
     assert placeholders(GOLDEN_DML["purge_expired"]) == 1
@@ -711,7 +771,7 @@ OUTPUT deleted.Id,
        CASE WHEN deleted.Expires IS NULL THEN 0
             ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
        deleted.Headers, deleted.Body,
-       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;"""
+       CAST(ROUND((CAST(deleted.Expires AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) AS bigint), deleted.RowVersion;"""  # noqa: E501
 
 GOLDEN_RANGE = {
     "receive_range": f"""DECLARE @lo bigint = ?, @hi bigint = ?, @n int = ?;

@@ -129,7 +129,7 @@ class SqlServerDialect(Dialect):
         return f"{column} <= {self.utc_now}"
 
     def remaining_ms(self, column: str) -> str:
-        return f"DATEDIFF_BIG(ms, {self.utc_now}, {column})"
+        return tsql.remaining_ms(column)
 
     def take(self, n: str) -> str:
         # T-SQL skips locked rows with table hints (READPAST), never in this clause.

@@ -13,9 +13,11 @@ The statements are the NServiceBus SQL Server transport's own, verbatim, with th
       count_range    (@lo bigint, @hi bigint)
       scan_range     (@after bigint, @hi bigint, @n int)
 - The receive takes `TOP(@n)` rows instead of `TOP(1)`, and its OUTPUT has two extra columns
-  after the spec's four: `DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires)`, the remaining
-  lifetime by the database clock (NULL when the row never expires), and `deleted.RowVersion`,
-  by which a batch is put in FIFO order: OUTPUT order is not guaranteed.
+  after the spec's four: `remaining_ms(deleted.Expires)`, the remaining lifetime by the
+  database clock (NULL when the row never expires), and `deleted.RowVersion`, by which a batch
+  is put in FIFO order: OUTPUT order is not guaranteed. The transport reads only the expired
+  flag (NServiceBus.SqlServer@214c4e8, src/NServiceBus.Transport.SqlServer/Queuing/
+  SqlServerConstants.cs:84-107); the bridge hands the rest of the lifetime on.
 - `send_without_recoverable` is the send for tables without the legacy `Recoverable` column.
 - The RowVersion-range statements of bulk jobs are this project's: `receive_range` is the
   receive with `WHERE RowVersion BETWEEN @lo AND @hi` in its CTE (same hints, same OUTPUT);
@@ -61,6 +63,7 @@ __all__ = [
     "purge_expired",
     "receive",
     "receive_range",
+    "remaining_ms",
     "scan_range",
     "send",
     "send_without_recoverable",
@@ -214,13 +217,29 @@ def send_without_recoverable(table: str) -> str:
     )
 
 
+def remaining_ms(expires: str) -> str:
+    """Milliseconds from the database clock to `expires` (a `datetime`), NULL for NULL.
+
+    A `datetime` cast to `float` is its days since 1900-01-01, exact to about a microsecond, so
+    the difference of two is exact to the millisecond and cannot overflow, however far off the
+    row's Expires: `DATEDIFF(ms, ...)` overflows its int past ~24.8 days (an expired row that
+    waited that long would fail every receive), `DATEDIFF(s, ...)` drops the milliseconds (a
+    row with less than a second left could read as expired), and `DATEDIFF_BIG` needs SQL
+    Server 2016. This works on every version the transport supports.
+    """
+    return (
+        f"CAST(ROUND((CAST({expires} AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) "
+        "AS bigint)"
+    )
+
+
 _RECEIVED = (
     "DELETE FROM message\n"
     "OUTPUT deleted.Id,\n"
     "       CASE WHEN deleted.Expires IS NULL THEN 0\n"
     "            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
     "       deleted.Headers, deleted.Body,\n"
-    "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;"
+    f"       {remaining_ms('deleted.Expires')}, deleted.RowVersion;"
 )
 
 
