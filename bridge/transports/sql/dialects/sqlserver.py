@@ -8,7 +8,7 @@ Features
     batch is sorted (OUTPUT order is not guaranteed). Tables with a clustered `RowVersion`
     index or a `varchar` Headers column work too; `check` warns about the latter and about a
     missing `Index_Expires`. `install --print-sql` prints each creation script as its own batch
-    for sqlcmd or SSMS.
+    for sqlcmd or SSMS, with the SET options the filtered `Index_Expires` needs.
 
 Connection
     `{type: sqlserver, dsn: "Driver={ODBC Driver 18 for SQL Server};Server=...", schema: dbo,
