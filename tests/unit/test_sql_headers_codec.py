@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.envelope import Headers
 from bridge.errors import HeadersFormatError
-from bridge.transports.sql.headers import decode, encode
+from bridge.transports.sql.headers import decode, encode, read, write
 
 
 class TestEncode:
@@ -181,3 +183,51 @@ def test_duplicates_come_back_collapsed_as_to_dict_says(headers: Headers) -> Non
 
 def test_repeated_names_keep_every_occurrence_in_order() -> None:
     assert decode('{"a":"1","b":"x","a":"2"}') == Headers([("a", "1"), ("b", "x"), ("a", "2")])
+
+
+class TestColumnText:
+    """`read` keeps the column text and `write` gives it back while the headers are unchanged,
+    so a row forwarded SQL to SQL keeps its Headers bytes (wire-format §5)."""
+
+    @pytest.mark.parametrize(
+        "column",
+        [
+            '\n { "caf\\u00e9" :\t"\\u00e9\\/\\n\\ud83d\\ude00" ,\r\n "b": "/" }\n',
+            '{"NServiceBus.MessageId":"m","emoji":"\\uD83D\\uDE80","empty":""}',
+            '{"NServiceBus.MessageId":"m","k":"1","k":"2"}',
+            '{"NServiceBus.MessageId":"m","n":null,"raw":"é/🚀"}',
+        ],
+    )
+    def test_unchanged_headers_write_the_text_they_were_read_from(self, column: str) -> None:
+        headers = read(column)
+        assert headers == decode(column)
+        assert write(headers) == column
+        assert write(read(column.encode("utf-8"))) == column
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            lambda h: h.set("k", "new"),
+            lambda h: h.add("x", "y"),
+            lambda h: h.remove("k"),
+            lambda h: h.rename("k", "K"),
+            lambda h: h.set("k", "2"),  # what it reads as, but one `k` fewer
+        ],
+    )
+    def test_changed_headers_are_encoded_afresh(self, change: Callable[[Headers], None]) -> None:
+        headers = read(' {"NServiceBus.MessageId":"m", "k":"1","k":"\\u0032"}')
+        change(headers)
+        assert write(headers) == encode(headers)
+
+    def test_setting_a_header_to_what_it_holds_keeps_the_text(self) -> None:
+        column = '{ "a" : "1" }'
+        headers = read(column)
+        headers.set("a", "1")
+        assert write(headers) == column
+
+    @pytest.mark.parametrize("column", [None, "", b"", "  "])
+    def test_no_headers_are_written_as_an_empty_object(self, column: str | bytes | None) -> None:
+        assert write(read(column)) == "{}"
+
+    def test_a_copy_is_encoded_afresh(self) -> None:
+        assert write(read('{ "a" : "1" }').copy()) == '{"a":"1"}'

@@ -46,6 +46,111 @@ def test_both_encoders_write_what_endpoints_write(
     assert encode(Headers(pairs)) == text
 
 
+# The approved serializations of NServiceBus's own tests (Particular/NServiceBus.SqlServer@214c4e8,
+# src/NServiceBus.Transport.SqlServer.UnitTests/): the dictionaries of DictionarySerializerTests.cs
+# and the text DictionarySerializer.Serialize writes for them, ApprovalFiles/
+# DictionarySerializerTests.<test>.approved.txt (Can_round_trip's file opens with a UTF-8 byte
+# order mark, the file's and not the text's: the others have none).
+APPROVED = {
+    "Can_round_trip": (  # DictionarySerializerTests.cs:12-20
+        [("key1", "value1"), ("key2", "value2"), ("keyWithNull", None), ("keyWithEmpty", "")],
+        '{"key1":"value1","key2":"value2","keyWithNull":null,"keyWithEmpty":""}',
+    ),
+    "Can_round_trip_empty_dictionary": ([], "{}"),  # :31-33
+    "Can_round_trip_special_characters": (  # :44-66
+        [
+            (f"key{infix}{word}", f"value{infix}{word}")
+            for infix, word in [
+                (" with ", "spaces"),
+                ("-with-", "dashes"),
+                ("_with_", "underscores"),
+                (".with.", "dots"),
+                ("/with/", "slashes"),
+                ("\\with\\", "backslashes"),
+                ('"with"', "quotes"),
+                ("'with'", "apostrophes"),
+                (":with:", "colons"),
+                (";with;", "semicolons"),
+                (",with,", "commas"),
+                ("=with=", "equals"),
+                ("?with?", "question"),
+                ("&with&", "ampersand"),
+                ("<with>", "angle"),
+                ("{with}", "braces"),
+                ("[with]", "brackets"),
+                ("(with)", "parens"),
+            ]
+        ],
+        '{"key with spaces":"value with spaces","key-with-dashes":"value-with-dashes",'
+        '"key_with_underscores":"value_with_underscores","key.with.dots":"value.with.dots",'
+        '"key\\/with\\/slashes":"value\\/with\\/slashes",'
+        '"key\\\\with\\\\backslashes":"value\\\\with\\\\backslashes",'
+        '"key\\"with\\"quotes":"value\\"with\\"quotes",'
+        "\"key'with'apostrophes\":\"value'with'apostrophes\","
+        '"key:with:colons":"value:with:colons","key;with;semicolons":"value;with;semicolons",'
+        '"key,with,commas":"value,with,commas","key=with=equals":"value=with=equals",'
+        '"key?with?question":"value?with?question","key&with&ampersand":"value&with&ampersand",'
+        '"key<with>angle":"value<with>angle","key{with}braces":"value{with}braces",'
+        '"key[with]brackets":"value[with]brackets","key(with)parens":"value(with)parens"}',
+    ),
+    "Can_round_trip_unicode": (  # :79-87
+        [
+            ("ümlaut", "äöü"),
+            ("emoji", "\U0001f680"),
+            ("japanese", "こんにちは"),
+            ("arabic", "مرحبا"),
+            ("newline", "line1\r\nline2"),
+            ("tab", "value\twith\ttabs"),
+        ],
+        '{"ümlaut":"äöü","emoji":"\\uD83D\\uDE80","japanese":"こんにちは","arabic":"مرحبا",'
+        '"newline":"line1\\r\\nline2","tab":"value\\twith\\ttabs"}',
+    ),
+}
+
+
+@ENCODERS
+@pytest.mark.parametrize("test", sorted(APPROVED))
+def test_both_encoders_write_the_approved_text_byte_for_byte(encode: Encode, test: str) -> None:
+    pairs, approved = APPROVED[test]
+    assert encode(Headers(pairs)).encode("utf-8") == approved.encode("utf-8")
+
+
+@ENCODERS
+@pytest.mark.parametrize(
+    ("char", "written"),
+    [
+        # Two-character escapes (DefaultJavaScriptEncoder's EscaperImplementation map).
+        ("\b\f", r"\b\f"),
+        # Other controls: \uXXXX in upper-case hex, DEL and C1 included.
+        ("\x00\x0b\x1a\x1f", r"\u0000\u000B\u001A\u001F"),
+        ("\x7f\x85\x9f", r"\u007F\u0085\u009F"),
+        # Space separators but U+0020, line and paragraph separators.
+        ("\xa0 \u1680\u2000\u202f\u3000", r"\u00A0 \u1680\u2000\u202F\u3000"),
+        ("\u2028\u2029", r"\u2028\u2029"),
+        # Private use, unassigned (Unicode 16.0), noncharacters, the byte order mark.
+        (
+            "\ue000\uf8ff\u0378\ufdd0\ufffe\uffff\ufeff",
+            r"\uE000\uF8FF\u0378\uFDD0\uFFFE\uFFFF\uFEFF",
+        ),
+        # Outside the BMP: the UTF-16 surrogate pair, whatever the character.
+        (
+            "\U00010000\U0001f600\U000e0001\U0010ffff",
+            r"\uD800\uDC00\uD83D\uDE00\uDB40\uDC01\uDBFF\uDFFF",
+        ),
+        # Allowed, so raw: relaxed HTML characters, format characters, Unicode 16.0 letters.
+        ("'<>&+`~", "'<>&+`~"),
+        ("\xad\u200b\u200d\u2060", "\xad\u200b\u200d\u2060"),
+        ("\u0897\u2fff\u31e4\ua7cb", "\u0897\u2fff\u31e4\ua7cb"),
+        ("é€日本語", "é€日本語"),
+    ],
+)
+def test_both_encoders_escape_what_system_text_json_relaxed_escapes(
+    encode: Encode, char: str, written: str
+) -> None:
+    """See `bridge.transports.sql.headers_escapes` for the encoder's rules these pin."""
+    assert encode(Headers([(char, char)])) == f'{{"{written}":"{written}"}}'
+
+
 @ENCODERS
 @pytest.mark.parametrize("item", [("k", "a\ud800"), ("\udcff", "v"), ("k", "é\udfff")])
 def test_both_encoders_refuse_a_lone_surrogate(encode: Encode, item: tuple[str, str]) -> None:
@@ -135,6 +240,26 @@ def test_decode_reads_what_the_standard_decoder_reads(
 def test_decode_of_any_text_is_the_standard_outcome(text: str) -> None:
     assume(text and not text.isspace())  # no headers, before either decoder
     assert _outcome(lambda: decode_fast(text)) == _outcome(lambda: decode_plain(text))
+
+
+#: What NServiceBus escapes beyond standard JSON, and the characters around those rules.
+escape_heavy = st.text(
+    st.sampled_from(
+        [
+            *'"\\/\b\f\n\r\t\x00\x0b\x1f \x7f\x85\xa0\xad\u2028\u3000\ue000\ufeff\uffff',
+            *("\U0001f680", "\U0010ffff", "\u0897", "é", "a", "<", "'"),
+        ]
+    )
+    | st.characters(exclude_categories=["Cs"])
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(escape_heavy, st.none() | escape_heavy), max_size=6).map(Headers))
+def test_both_encoders_agree_on_every_escape_and_read_back(headers: Headers) -> None:
+    text = encode_plain(headers)
+    assert encode_fast(headers) == text
+    assert decode_plain(text) == decode_fast(text) == Headers(headers.to_dict().items())
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ OUTPUT deleted.Id,
        CASE WHEN deleted.Expires IS NULL THEN 0
             ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
        deleted.Headers, deleted.Body,
-       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;""",
+       CAST(ROUND((CAST(deleted.Expires AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) AS bigint), deleted.RowVersion;""",  # noqa: E501
     "depth": "SELECT isnull(cast(max([RowVersion]) - min([RowVersion]) + 1 AS int), 0) "
     f"FROM {T} WITH (READPAST, READCOMMITTEDLOCK)",
     "oldest": f"SELECT TOP(1) Headers FROM {T} WITH (READPAST) ORDER BY RowVersion",
@@ -189,7 +190,12 @@ def test_canonical_address_is_table_at_schema_at_catalog(dialect: SqlServerDiale
     assert dialect.canonical_address(TABLE) == "Sales.De layed]@[d.b o]@[my]]db]"
     nsb = SqlServerDialect("legacy", config(catalog="nservicebus", schema="dbo"))
     assert nsb.canonical_address("Sales") == "Sales@[dbo]@[nservicebus]"
-    assert SqlServerDialect("x", config(None, "dbo")).canonical_address("Sales") == "Sales@[dbo]"
+
+
+def test_without_a_catalog_no_address_is_made_before_the_database_is_known() -> None:
+    """An address without its catalog is not the one NServiceBus writes (see below)."""
+    with pytest.raises(TransportError, match="database"):
+        SqlServerDialect("x", config(None, "dbo")).canonical_address("Sales")
 
 
 # -- golden text -------------------------------------------------------------------------------
@@ -244,7 +250,9 @@ def test_install_runs_the_exact_ddl() -> None:
 
 
 #: `bridge install --print-sql` for `BridgeCheckpoints` in [dbo] without a catalog, in full.
-PRINTED_CHECKPOINTS = """SET XACT_ABORT ON;
+PRINTED_CHECKPOINTS = """SET QUOTED_IDENTIFIER ON;
+SET ANSI_NULLS ON;
+SET XACT_ABORT ON;
 BEGIN TRANSACTION;
 EXEC sp_executesql N'IF EXISTS (
 SELECT *
@@ -278,8 +286,11 @@ GO"""
 
 
 async def test_print_only_install_is_one_standalone_batch_per_table() -> None:
-    """Each printed script runs in sqlcmd or SSMS as is: its own transaction (sp_getapplock's
-    owner), its RETURN inside a dynamic batch so it cannot skip the tables after it, GO after."""
+    """Each printed script runs in sqlcmd or SSMS as is: QUOTED_IDENTIFIER and ANSI_NULLS ON,
+    which the filtered Index_Expires needs and classic sqlcmd without `-I` does not set (the
+    transport's scripts run through SqlClient, which sets both), its own transaction
+    (sp_getapplock's owner), its RETURN inside a dynamic batch so it cannot skip the tables
+    after it, GO after."""
     plain = Transport("legacy", config(catalog=None, schema="dbo"))
     odd = Transport("legacy", config())
     try:
@@ -293,7 +304,8 @@ async def test_print_only_install_is_one_standalone_batch_per_table() -> None:
     for script, batch in zip(executed, printed, strict=True):
         literal = script.replace("'", "''")
         assert batch == (
-            f"SET XACT_ABORT ON;\nBEGIN TRANSACTION;\nEXEC sp_executesql N'{literal}';\nCOMMIT;\nGO"
+            "SET QUOTED_IDENTIFIER ON;\nSET ANSI_NULLS ON;\nSET XACT_ABORT ON;\n"
+            f"BEGIN TRANSACTION;\nEXEC sp_executesql N'{literal}';\nCOMMIT;\nGO"
         )
 
 
@@ -319,8 +331,10 @@ def test_printed_batches_parse_as_tsql_around_the_exact_script(catalog: str | No
     for script, batch in zip(executed, batches, strict=True):
         trees = parse(batch)
         kinds = [type(tree).__name__ for tree in trees]
-        assert kinds == ["Set", "Transaction", "ExecuteSql", "Commit"]
-        (literal,) = trees[2].expressions
+        assert kinds == ["Set", "Set", "Set", "Transaction", "ExecuteSql", "Commit"]
+        options = [tree.sql(dialect="tsql") for tree in trees[:3]]
+        assert options == ["SET QUOTED_IDENTIFIER ON", "SET ANSI_NULLS ON", "SET XACT_ABORT ON"]
+        (literal,) = trees[4].expressions
         assert isinstance(literal, exp.National) and literal.this == script
 
 
@@ -420,6 +434,65 @@ def test_ttl_beyond_int32_milliseconds_means_no_expiry(dialect: SqlServerDialect
     assert ttl(-5) == 0  # already spent: expires at once, the receiver drops it
 
 
+def every_statement(dialect: SqlServerDialect) -> list[str]:
+    statements = dialect.queue_statements(TABLE)
+    checkpoints = dialect.checkpoint_statements()
+    return [
+        *statements.create,
+        *(getattr(statements, f) for f in statements.__dataclass_fields__ if f != "create"),
+        *checkpoints.create,
+        checkpoints.upsert,
+        checkpoints.load,
+        checkpoints.insert_new,
+        checkpoints.advance,
+        tsql.send_without_recoverable(T),
+        dialect.remaining_ms("Expires"),
+    ]
+
+
+def test_no_statement_needs_sql_server_2016(dialect: SqlServerDialect) -> None:
+    """The transport runs on servers older than 2016, where DATEDIFF_BIG does not exist; its
+    own receive reads no remaining lifetime at all (NServiceBus.SqlServer@214c4e8,
+    src/NServiceBus.Transport.SqlServer/Queuing/SqlServerConstants.cs:84-107)."""
+    found = [s for s in every_statement(dialect) if "DATEDIFF_BIG" in s.upper()]
+    assert found == []
+
+
+def datetime_as_float(value: datetime) -> float:
+    """SQL Server's CAST(datetime AS float): days since 1900-01-01, the time of day in 1/300 s
+    ticks as the fraction (a datetime holds whole ticks)."""
+    since = value - datetime(1900, 1, 1)
+    ticks = round((since.seconds + since.microseconds / 1e6) * 300)
+    return since.days + ticks / (300 * 86_400)
+
+
+@pytest.mark.parametrize(
+    ("now", "expires", "ms"),
+    [
+        (datetime(2026, 5, 1, 12), datetime(2026, 5, 1, 12, 0, 0, 3_333), 3),
+        (datetime(2026, 5, 1, 12, 0, 0, 996_667), datetime(2026, 5, 1, 12, 0, 1), 3),
+        (datetime(2026, 5, 1, 12), datetime(2026, 5, 1, 12, 0, 0, 500_000), 500),
+        (datetime(2026, 5, 1, 12), datetime(2026, 5, 26, 12), 25 * 86_400_000),  # past DATEDIFF(ms)
+        (datetime(2026, 5, 1, 12), datetime(9999, 12, 31, 23, 59, 59, 996_667), None),
+        (datetime(2026, 5, 1, 12), datetime(1753, 1, 1), None),
+        (datetime(2026, 5, 1, 12, 0, 0, 3_333), datetime(2026, 5, 1, 12), -3),
+    ],
+)
+def test_remaining_ms_is_the_millisecond_difference_anywhere_in_datetime_range(
+    now: datetime, expires: datetime, ms: int | None
+) -> None:
+    """The receive's remaining lifetime, `tsql.remaining_ms`, modelled in Python: float days
+    keep every millisecond across the whole `datetime` range (1753 to 9999)."""
+    assert tsql.remaining_ms("x") == (
+        "CAST(ROUND((CAST(x AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) AS bigint)"
+    )
+    exact = (expires - now) / timedelta(milliseconds=1)
+    got = round((datetime_as_float(expires) - datetime_as_float(now)) * 86_400_000)
+    assert abs(got - exact) < 1
+    if ms is not None:
+        assert got == ms
+
+
 def test_other_parameter_shapes() -> None:
     assert placeholders(GOLDEN_DML["receive"]) == 1
     assert placeholders(GOLDEN_DML["purge_expired"]) == 1
@@ -500,8 +573,10 @@ class ScriptedConnection:
         receive: list[tuple[Any, ...]],
         index_expires: int = 1,
         headers_types: tuple[str, ...] = ("nvarchar", "sysname"),
+        database: str = "nservicebus",
     ) -> None:
         self.log: list[tuple[str, str, tuple[Any, ...]]] = []
+        self.database = database
         self.recoverable = recoverable
         self.receive = receive
         self.index_expires = index_expires
@@ -519,6 +594,8 @@ class ScriptedConnection:
         if sql.startswith("DECLARE @n int"):
             rows, self.receive = self.receive, []
             return [None, rows]  # a row count in front of the OUTPUT result set
+        if sql == "SELECT DB_NAME()":
+            return [[(self.database,)]]
         return [None]
 
     def cursor(self) -> ScriptedCursor:
@@ -534,12 +611,21 @@ class ScriptedConnection:
         self.log.append(("close", "", ()))
 
 
-def scripted(monkeypatch: pytest.MonkeyPatch, db: ScriptedConnection) -> Transport:
-    def connect(self: SqlServerDialect) -> DbConnection:
+def scripted(
+    monkeypatch: pytest.MonkeyPatch,
+    db: ScriptedConnection,
+    catalog: str | None = CATALOG,
+    schema: str = SCHEMA,
+) -> Transport:
+    """A transport whose every `pyodbc.connect` opens `db` (no SQL Server runs here)."""
+    import pyodbc
+
+    def connect(dsn: str, *, autocommit: bool) -> ScriptedConnection:
+        assert autocommit is False
         return db
 
-    monkeypatch.setattr(SqlServerDialect, "connect", connect)
-    return Transport("legacy", config())
+    monkeypatch.setattr(pyodbc, "connect", connect)
+    return Transport("legacy", config(catalog, schema))
 
 
 async def test_send_writes_recoverable_only_when_the_column_exists(
@@ -595,6 +681,34 @@ async def test_receive_moves_poison_and_drops_expired_in_one_transaction(
     assert copy["NServiceBus.ExceptionInfo.ExceptionType"] == "HeadersFormatError"
     kinds = [kind for kind, _, _ in db.log]
     assert kinds.index("executemany") < kinds.index("commit")
+
+
+async def test_without_a_catalog_addresses_carry_the_database_read_at_connect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NServiceBus's canonical address always carries a catalog (NServiceBus.SqlServer@214c4e8,
+    src/NServiceBus.Transport.SqlServer/Addressing/CanonicalQueueAddress.cs:7-11, 29-32: the
+    catalog may not be empty, and the form is `table@[schema]@[catalog]`), the connection
+    string's database when the endpoint configures none (ConnectionAttributesParser.cs:14-25).
+    Without `catalog`, the bridge asks the connection for its database once, and an error copy
+    names its queue as an endpoint of that database would."""
+    db = ScriptedConnection(True, [("ID-3", 0, "not json", b"p", None, 3)], database="shop]s")
+    transport = scripted(monkeypatch, db, catalog=None, schema="dbo")
+    source = transport.source("Sales", error_queue="error")
+    sink = transport.sink("Audit")
+    try:
+        await sink.send([Envelope(Headers([("NServiceBus.MessageId", "a")]), b"")])
+        batch = await source.receive_batch(5, 1.0)
+        await batch.commit()
+        assert transport.canonical_address("Sales") == "Sales@[dbo]@[shop]]s]"
+    finally:
+        await transport.close()
+    asked = [entry for entry in db.log if entry[1] == "SELECT DB_NAME()"]
+    assert asked == [("execute", tsql.DATABASE_NAME, ())]  # once, on the first connection
+    (copy_row,) = [params for kind, sql, params in db.log if "[dbo].[error]" in sql]
+    assert json.loads(copy_row[2])["NServiceBus.FailedQ"] == "Sales@[dbo]@[shop]]s]"
+    receive = next(sql for kind, sql, _ in db.log if sql.startswith("DECLARE @n int"))
+    assert "FROM [dbo].[Sales] WITH" in receive  # names stay those of the connection's database
 
 
 async def test_check_warns_about_old_tables_with_the_transports_queries(
@@ -657,7 +771,7 @@ OUTPUT deleted.Id,
        CASE WHEN deleted.Expires IS NULL THEN 0
             ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,
        deleted.Headers, deleted.Body,
-       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;"""
+       CAST(ROUND((CAST(deleted.Expires AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) AS bigint), deleted.RowVersion;"""  # noqa: E501
 
 GOLDEN_RANGE = {
     "receive_range": f"""DECLARE @lo bigint = ?, @hi bigint = ?, @n int = ?;

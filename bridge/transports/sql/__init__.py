@@ -6,8 +6,9 @@ of every SQL Server statement) by the connection's `type`, and the dialect its l
 (`layouts/`: what a queue table holds, its statements, rows <-> envelopes) by the connection's
 `layout` key. Neither dialects nor layouts know the transport. The transport's parts: `source`
 (receive; `chain`, SQLite's savepoint chains), `sink` (send; `checkpoints`), `deadletter`
-(error-queue copies), `ranges` (reads of bulk jobs), `headers` (the Headers column codec),
-`connection` (one database connection on its own thread), `errors`, `config`.
+(error-queue copies), `ranges` (reads of bulk jobs), `headers` (the Headers column codec;
+`headers_escapes`: what NServiceBus writes as escapes), `connection` (one database connection
+on its own thread), `errors`, `config`.
 
 Importing the package (or its `config`) imports no driver; the names below load their modules
 on first use, and psycopg or pyodbc is imported only when a dialect connects.

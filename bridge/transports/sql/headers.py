@@ -1,9 +1,15 @@
 """The SQL `Headers` column codec (wire-format §5), `encode` being the inverse of `decode`.
 
-Written as current NServiceBus endpoints write it: a compact JSON object, `/` escaped as `\\/`,
-non-ASCII characters raw. Read: any standard JSON object whose values are strings or null, with
-order and repeated names kept. An empty string or NULL column means no headers. Anything else
-raises `HeadersFormatError`, which makes the row a poison message.
+Written as current NServiceBus endpoints write it, byte for byte: a compact JSON object in
+System.Text.Json's relaxed escaping, `/` as `\\/` (`headers_escapes` says which characters
+become escapes, and how). Read: any standard JSON object whose values are strings or null,
+with order and repeated names kept. An empty string or NULL column means no headers. Anything
+else raises `HeadersFormatError`, which makes the row a poison message.
+
+A row's own text crosses SQL to SQL: `read` keeps the column text with the headers it decoded,
+and `write` gives that text back, unchanged, as long as the headers still hold exactly what it
+says (`ColumnHeaders`); headers a rule, the row-Id fallback for a missing message id or
+tracing changed are encoded afresh.
 
 Lone surrogates: a JSON escape like `\\ud800` without its pair is valid (ASCII) JSON, but the
 text it stands for has no UTF-8 form, so neither a PostgreSQL or SQLite column nor a Kafka or
@@ -13,8 +19,7 @@ rather than failing inside the driver on every retry.
 
 Speed: the common case of both directions goes through orjson behind the seam
 `sql_headers_orjson` (`bridge.transports.sql.headers_orjson`); `encode_plain` and
-`decode_plain` are the standard library's codec, which decides everything else (and words
-every error).
+`decode_plain` are the plain codec, which decides everything else (and words every error).
 """
 
 from __future__ import annotations
@@ -27,23 +32,31 @@ from bridge import speedups
 from bridge.envelope import Headers
 from bridge.errors import HeadersFormatError
 from bridge.transports.sql import headers_orjson
+from bridge.transports.sql.headers_escapes import quoted
 
-__all__ = ["decode", "decode_fast", "decode_plain", "encode", "encode_fast", "encode_plain"]
+__all__ = [
+    "ColumnHeaders",
+    "decode",
+    "decode_fast",
+    "decode_plain",
+    "encode",
+    "encode_fast",
+    "encode_plain",
+    "read",
+    "write",
+]
 
-_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def encode_plain(headers: Headers) -> str:
     """Serialize to the JSON object text endpoints write (duplicates collapse, last wins);
-    raise HeadersFormatError when a name or value holds a lone surrogate."""
-    text = _encoder.encode(headers.to_dict()).replace("/", "\\/")
-    if not text.isascii():  # only non-ASCII text can hold a surrogate
-        try:
-            text.encode("utf-8")  # ~4x faster than a regex search for the surrogate range
-        except UnicodeEncodeError as exc:
-            raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
-    return text
+    raise HeadersFormatError when a name or value holds a surrogate."""
+    pairs = (
+        f"{quoted(name)}:{'null' if value is None else quoted(value)}"
+        for name, value in headers.to_dict().items()
+    )
+    return "{" + ",".join(pairs) + "}"
 
 
 def encode_fast(headers: Headers) -> str:
@@ -116,6 +129,41 @@ def _refuse_lone_surrogates(pairs: list[tuple[str, str | None]]) -> None:
                 raise HeadersFormatError(
                     f"header {name!r} holds a lone surrogate escape, which UTF-8 cannot carry"
                 )
+
+
+class ColumnHeaders(Headers):
+    """Headers read from a Headers column, which remember that column's text."""
+
+    __slots__ = ("_column", "_read")
+
+    def __init__(self, items: list[tuple[str, str | None]], column: str) -> None:
+        super().__init__(items)
+        self._read = items  # what `column` says; never handed out, so never changed
+        self._column = column
+
+    def column_text(self) -> str | None:
+        """The column text these headers were read from while they hold exactly what it says
+        (every change goes through a method that replaces or appends to the items); None once
+        they were changed."""
+        return self._column if self._items == self._read else None
+
+
+def read(column: str | bytes | None) -> Headers:
+    """`decode`, keeping the column text for `write` (a source reading rows to forward)."""
+    text = _column_text(column)
+    if text is None:
+        return Headers()
+    return ColumnHeaders(decode(text).items(), text)
+
+
+def write(headers: Headers) -> str:
+    """The column text for `headers`: the text they were read from while they still hold
+    exactly what it says (a row crossing SQL to SQL keeps its bytes), else `encode`."""
+    if isinstance(headers, ColumnHeaders):
+        text = headers.column_text()
+        if text is not None:
+            return text
+    return encode(headers)
 
 
 #: The codec: the orjson seam unless `BRIDGE_SPEEDUPS_OFF` names it (`bridge.speedups`).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import orjson
 
 from bridge.envelope import Headers
+from bridge.transports.sql.headers_escapes import BEYOND_JSON
 
 __all__ = ["SEAM", "encoded", "plain_pairs"]
 
@@ -20,12 +21,21 @@ SEAM = "sql_headers_orjson"
 
 
 def encoded(headers: Headers) -> str | None:
-    """The column text the plain encoder writes; None where orjson cannot encode it (a lone
-    surrogate: the plain encoder then refuses it with its own message)."""
+    """The column text the plain encoder writes; None where orjson's text is not it.
+
+    orjson escapes `"`, `\\` and U+0000..U+001F as NServiceBus does, but for the hex case of
+    `\\u001F` and the like, and writes raw what NServiceBus escapes beyond them (DEL, C1,
+    U+00A0, characters outside the BMP, ...: `headers_escapes.BEYOND_JSON`). A text with either
+    is left to the plain encoder, and so is a surrogate, which orjson refuses (the plain encoder
+    then refuses it with its own message). What is left differs only in `/`.
+    """
     try:
-        return orjson.dumps(headers.to_dict()).decode().replace("/", "\\/")
+        text = orjson.dumps(headers.to_dict()).decode()
     except TypeError:
         return None
+    if "\\u" in text or "\x7f" in text or (not text.isascii() and BEYOND_JSON.search(text)):
+        return None
+    return text.replace("/", "\\/")
 
 
 def plain_pairs(text: str) -> list[tuple[str, str | None]] | None:

@@ -45,9 +45,11 @@ Errors (which are retriable)
 
 What is lossy
     Nothing in the message: headers keep their order; a repeated header name collapses to its
-    last value (the Headers column is a JSON object). A time to live beyond what the column
-    holds is written as never expiring (SQL Server: above ~24.8 days; PostgreSQL and SQLite:
-    past the year 9999), and SQL Server keeps `Expires` to 1/300 s.
+    last value when the headers are written afresh (the Headers column is a JSON object); a
+    row forwarded to another queue table with its headers unchanged keeps its Headers text. A
+    time to live beyond what the column holds is written as never expiring (SQL Server: above
+    ~24.8 days; PostgreSQL and SQLite: past the year 9999), and SQL Server keeps `Expires` to
+    1/300 s.
 """
 
 from __future__ import annotations

@@ -8,12 +8,16 @@ Features
     batch is sorted (OUTPUT order is not guaranteed). Tables with a clustered `RowVersion`
     index or a `varchar` Headers column work too; `check` warns about the latter and about a
     missing `Index_Expires`. `install --print-sql` prints each creation script as its own batch
-    for sqlcmd or SSMS.
+    for sqlcmd or SSMS, with the SET options the filtered `Index_Expires` needs.
 
 Connection
     `{type: sqlserver, dsn: "Driver={ODBC Driver 18 for SQL Server};Server=...", schema: dbo,
     catalog: nservicebus}` (FreeTDS with TDS 7.4 works too). Queue names are
-    `[catalog].[schema].[table]`; the canonical address is `table@[schema]@[catalog]` (§6).
+    `[catalog].[schema].[table]`, `[schema].[table]` without a catalog. The canonical address
+    is `table@[schema]@[catalog]` (§6) and always carries a catalog, as the transport's does
+    (NServiceBus.SqlServer@214c4e8, src/NServiceBus.Transport.SqlServer/Addressing/
+    CanonicalQueueAddress.cs:7-11, 29-32): without one configured, the connection's database,
+    read with `SELECT DB_NAME()` when the dialect first connects.
 
 What is lossy
     `@TimeToBeReceivedMs` is an Int32: a remaining lifetime above ~24.8 days
@@ -31,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql.config import SqlServerConnection
 from bridge.transports.sql.dialects import tsql
 from bridge.transports.sql.dialects.base import DbConnection, DbCursor, Dialect, scalar
@@ -70,12 +74,28 @@ class SqlServerDialect(Dialect):
         self.config = config
         self.schema = config.schema_
         self.catalog = config.catalog
+        #: The catalog of canonical addresses: the configured one, else the connection's
+        #: database once the dialect has connected.
+        self.database = config.catalog
         super().__init__(connection_name, config.layout)
 
     def connect(self) -> DbConnection:
         import pyodbc
 
-        return cast(DbConnection, pyodbc.connect(self.config.dsn, autocommit=False))
+        db = cast(DbConnection, pyodbc.connect(self.config.dsn, autocommit=False))
+        if self.database is None:
+            try:
+                self.database = self._database_name(db)
+            except BaseException:
+                db.close()
+                raise
+        return db
+
+    def _database_name(self, db: DbConnection) -> str:
+        name = scalar(db, tsql.DATABASE_NAME)
+        if not isinstance(name, str) or not name:
+            raise TransportError(f"{self.describe()}: DB_NAME() returned {name!r}, no database")
+        return name
 
     classify = staticmethod(classify)
 
@@ -92,8 +112,12 @@ class SqlServerDialect(Dialect):
         return tsql.table_name(name, self.schema, self.catalog)
 
     def canonical_address(self, name: str) -> str:
-        address = f"{name}@{tsql.bracket(self.schema)}"
-        return f"{address}@{tsql.bracket(self.catalog)}" if self.catalog else address
+        if self.database is None:
+            raise TransportError(
+                f"{self.describe()}: the address of {name!r} carries the connection's database, "
+                "which is read when it first connects; no connection was opened yet"
+            )
+        return f"{name}@{tsql.bracket(self.schema)}@{tsql.bracket(self.database)}"
 
     def quote(self, identifier: str) -> str:
         return tsql.bracket(identifier)
@@ -105,7 +129,7 @@ class SqlServerDialect(Dialect):
         return f"{column} <= {self.utc_now}"
 
     def remaining_ms(self, column: str) -> str:
-        return f"DATEDIFF_BIG(ms, {self.utc_now}, {column})"
+        return tsql.remaining_ms(column)
 
     def take(self, n: str) -> str:
         # T-SQL skips locked rows with table hints (READPAST), never in this clause.

@@ -13,19 +13,21 @@ The statements are the NServiceBus SQL Server transport's own, verbatim, with th
       count_range    (@lo bigint, @hi bigint)
       scan_range     (@after bigint, @hi bigint, @n int)
 - The receive takes `TOP(@n)` rows instead of `TOP(1)`, and its OUTPUT has two extra columns
-  after the spec's four: `DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires)`, the remaining
-  lifetime by the database clock (NULL when the row never expires), and `deleted.RowVersion`,
-  by which a batch is put in FIFO order: OUTPUT order is not guaranteed.
+  after the spec's four: `remaining_ms(deleted.Expires)`, the remaining lifetime by the
+  database clock (NULL when the row never expires), and `deleted.RowVersion`, by which a batch
+  is put in FIFO order: OUTPUT order is not guaranteed. The transport reads only the expired
+  flag (NServiceBus.SqlServer@214c4e8, src/NServiceBus.Transport.SqlServer/Queuing/
+  SqlServerConstants.cs:84-107); the bridge hands the rest of the lifetime on.
 - `send_without_recoverable` is the send for tables without the legacy `Recoverable` column.
 - The RowVersion-range statements of bulk jobs are this project's: `receive_range` is the
   receive with `WHERE RowVersion BETWEEN @lo AND @hi` in its CTE (same hints, same OUTPUT);
   `bounds`, `count_range` and `scan_range` read with `READPAST`, like the transport's peek, so
   they never wait on rows a receiver holds; `scan_range` outputs `DATALENGTH(Body)`, not Body.
-- The checks, the `Recoverable` probe and `BridgeCheckpoints` are this project's statements;
-  the two table checks are the transport's, prefixed with the catalog where one is configured
-  so they look at the right database, and with the name as an `N'...'` literal so names
-  outside the database code page are found. Existence checks take the quoted name as a
-  parameter.
+- The checks, the `Recoverable` probe, `DATABASE_NAME` and `BridgeCheckpoints` are this
+  project's statements; the two table checks are the transport's, prefixed with the catalog
+  where one is configured so they look at the right database, and with the name as an
+  `N'...'` literal so names outside the database code page are found. Existence checks take
+  the quoted name as a parameter.
 
 `{0}` in the spec is `table_name(...)`: `[catalog].[schema].[table]`, each part bracket-quoted
 with `]` doubled. Where the spec puts that name inside a string literal (`N'{0}'`,
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 __all__ = [
     "CHECKPOINT_TABLE",
+    "DATABASE_NAME",
     "EXISTS",
     "INT32_MAX",
     "bounds",
@@ -60,6 +63,7 @@ __all__ = [
     "purge_expired",
     "receive",
     "receive_range",
+    "remaining_ms",
     "scan_range",
     "send",
     "send_without_recoverable",
@@ -74,6 +78,9 @@ CHECKPOINT_TABLE = "BridgeCheckpoints"
 
 #: params (quoted table name,) -> one row: the object id, NULL when there is no such table.
 EXISTS = "SELECT OBJECT_ID(?, N'U')"
+
+#: -> one row: the connection's database, the catalog of addresses when none is configured.
+DATABASE_NAME = "SELECT DB_NAME()"
 
 _SEND_PARAMS = (
     "DECLARE @Id uniqueidentifier = ?, @TimeToBeReceivedMs int = ?, "
@@ -137,8 +144,15 @@ def standalone_batch(script: str) -> str:
     skip every later table. So each runs as its own dynamic batch (`RETURN` ends only that),
     verbatim but for doubled quotes, in its own transaction; `XACT_ABORT` rolls a failed one
     back, so the batches after it start without a transaction left open.
+
+    The filtered `Index_Expires` can only be created with QUOTED_IDENTIFIER and ANSI_NULLS ON
+    (SET QUOTED_IDENTIFIER, Transact-SQL reference). The transport's SqlClient connection and
+    the ODBC driver set both at connect; classic sqlcmd without `-I` leaves QUOTED_IDENTIFIER
+    OFF, and the script would fail and roll back. So each batch sets both first.
     """
     return (
+        "SET QUOTED_IDENTIFIER ON;\n"
+        "SET ANSI_NULLS ON;\n"
         "SET XACT_ABORT ON;\n"
         "BEGIN TRANSACTION;\n"
         f"EXEC sp_executesql N'{_in_literal(script)}';\n"
@@ -203,13 +217,29 @@ def send_without_recoverable(table: str) -> str:
     )
 
 
+def remaining_ms(expires: str) -> str:
+    """Milliseconds from the database clock to `expires` (a `datetime`), NULL for NULL.
+
+    A `datetime` cast to `float` is its days since 1900-01-01, exact to about a microsecond, so
+    the difference of two is exact to the millisecond and cannot overflow, however far off the
+    row's Expires: `DATEDIFF(ms, ...)` overflows its int past ~24.8 days (an expired row that
+    waited that long would fail every receive), `DATEDIFF(s, ...)` drops the milliseconds (a
+    row with less than a second left could read as expired), and `DATEDIFF_BIG` needs SQL
+    Server 2016. This works on every version the transport supports.
+    """
+    return (
+        f"CAST(ROUND((CAST({expires} AS float) - CAST(GETUTCDATE() AS float)) * 86400000, 0) "
+        "AS bigint)"
+    )
+
+
 _RECEIVED = (
     "DELETE FROM message\n"
     "OUTPUT deleted.Id,\n"
     "       CASE WHEN deleted.Expires IS NULL THEN 0\n"
     "            ELSE CASE WHEN deleted.Expires > GETUTCDATE() THEN 0 ELSE 1 END END,\n"
     "       deleted.Headers, deleted.Body,\n"
-    "       DATEDIFF_BIG(ms, GETUTCDATE(), deleted.Expires), deleted.RowVersion;"
+    f"       {remaining_ms('deleted.Expires')}, deleted.RowVersion;"
 )
 
 

@@ -21,7 +21,8 @@ Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` i
     id       fresh uuid4 as text: the native id, never the logical message id
     ttl_ms   remaining lifetime in whole milliseconds, or None for "never expires";
              the database turns it into `Expires` with its own clock
-    headers  the Headers column text (`bridge.transports.sql.headers.encode`)
+    headers  the Headers column text (`bridge.transports.sql.headers.write`: the text the row
+             was read from when its headers are unchanged, else `encode`)
     body     raw bytes, never None (an empty body is b"")
 
 Row returned by a receive (`QueueRow`, the result columns of `QueueStatements.receive`):
@@ -163,7 +164,7 @@ def outgoing(envelope: Envelope, now: float, native_id: str | None = None) -> Ou
     remaining = envelope.ttl_remaining(now)
     ttl_ms = None if remaining is None else max(0, round(remaining * 1000))
     return OutgoingRow(
-        native_id or new_id(), ttl_ms, headers_codec.encode(envelope.headers), bytes(envelope.body)
+        native_id or new_id(), ttl_ms, headers_codec.write(envelope.headers), bytes(envelope.body)
     )
 
 
@@ -219,10 +220,12 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
     """The envelope of a live row, or a poison message when its headers cannot be read.
 
     A row without `NServiceBus.MessageId`, or with an empty one (a native-integration insert),
-    gets its row Id as message id, as an NServiceBus endpoint reading it does.
+    gets its row Id as message id, as an NServiceBus endpoint reading it does. The headers keep
+    the column text until they change (`headers.read`), so a row forwarded to another queue
+    table unchanged keeps its Headers text byte for byte.
     """
     try:
-        headers = headers_codec.decode(row.headers)
+        headers = headers_codec.read(row.headers)
     except HeadersFormatError as exc:
         return PoisonMessage(
             raw_headers=_as_text_if_utf8(row.headers),
