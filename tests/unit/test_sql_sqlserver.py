@@ -153,10 +153,11 @@ def fill(template: str, table: str = T, catalog: str = C) -> str:
     return template.replace("{0}", table).replace("{1}", catalog)
 
 
-def config(catalog: str | None = CATALOG, schema: str = SCHEMA) -> SqlServerConnection:
+def config(catalog: str | None = CATALOG, schema: str = SCHEMA, **more: Any) -> SqlServerConnection:
     return SqlServerConnection.model_validate(
         {"type": "sqlserver", "dsn": "Driver=FreeTDS;Server=nowhere", "schema": schema}
         | ({"catalog": catalog} if catalog else {})
+        | more
     )
 
 
@@ -576,6 +577,7 @@ class ScriptedConnection:
         database: str = "nservicebus",
     ) -> None:
         self.log: list[tuple[str, str, tuple[Any, ...]]] = []
+        self.connects = 0
         self.database = database
         self.recoverable = recoverable
         self.receive = receive
@@ -596,6 +598,8 @@ class ScriptedConnection:
             return [None, rows]  # a row count in front of the OUTPUT result set
         if sql == "SELECT DB_NAME()":
             return [[(self.database,)]]
+        if sql == "SELECT @@MAX_CONNECTIONS":
+            return [[(32767,)]]
         return [None]
 
     def cursor(self) -> ScriptedCursor:
@@ -616,16 +620,19 @@ def scripted(
     db: ScriptedConnection,
     catalog: str | None = CATALOG,
     schema: str = SCHEMA,
+    **more: Any,
 ) -> Transport:
-    """A transport whose every `pyodbc.connect` opens `db` (no SQL Server runs here)."""
+    """A transport whose every `pyodbc.connect` opens `db` (no SQL Server runs here), counted
+    in `db.connects`."""
     import pyodbc
 
     def connect(dsn: str, *, autocommit: bool) -> ScriptedConnection:
         assert autocommit is False
+        db.connects += 1
         return db
 
     monkeypatch.setattr(pyodbc, "connect", connect)
-    return Transport("legacy", config(catalog, schema))
+    return Transport("legacy", config(catalog, schema, **more))
 
 
 async def test_send_writes_recoverable_only_when_the_column_exists(
@@ -874,3 +881,40 @@ async def test_range_source_and_reads_through_the_transport(
         ("B2", True, 12, 9),
         ("C3", False, 0, 10),
     ]
+
+
+# -- the pool ----------------------------------------------------------------------------------
+
+
+def test_the_connection_limit_is_read_with_max_connections() -> None:
+    """`bridge check --connect` compares what the routes could hold with this."""
+    assert tsql.MAX_CONNECTIONS == "SELECT @@MAX_CONNECTIONS"
+    (tree,) = parse(tsql.MAX_CONNECTIONS)
+    assert isinstance(tree, exp.Select)
+
+
+async def test_routes_lease_a_pooled_connection_per_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ODBC does not say whether a transaction is open: the dialect counts one from the first
+    cursor to the commit or rollback, and the connection goes back to the pool then."""
+    rows = [("ID-1", 0, '{"NServiceBus.MessageId":"a"}', b"x", None, 1)]
+    db = ScriptedConnection(True, rows)
+    transport = scripted(monkeypatch, db, pool_size=1, pool_timeout=0.2)
+    sink, source = transport.sink(TABLE), transport.source(TABLE)
+    try:
+        await sink.send([Envelope(Headers(), b"1")])  # leased, committed, given back
+        batch = await source.receive_batch(5, 1.0)  # the same connection, held by the batch
+        assert [m.message_id for m in batch.messages] == ["a"]
+        assert not source.receives_ahead  # the pool has no other
+        with pytest.raises(TransportUnavailable, match="no free connection in its pool of 1"):
+            await sink.send([Envelope(Headers(), b"2")])
+        await batch.commit()
+        await sink.send([Envelope(Headers(), b"2")])  # given back with the commit
+        assert transport.connections_needed(receiving=3, sending=0, moving=0) == 2
+        allowed = await transport.connections_allowed()
+        assert allowed is not None and allowed.available == 32767
+    finally:
+        await transport.close()
+    assert db.connects == 2  # the pool's one; the transport's own, for connections_allowed
+    assert db.log[-1] == ("close", "", ())

@@ -18,6 +18,8 @@ from bridge.transports.sql.addresses import address_key, canonical_address
 
 __all__ = [
     "ADDRESS_KEY",
+    "DEFAULT_POOL_SIZE",
+    "DEFAULT_POOL_TIMEOUT",
     "KINDS",
     "MAX_TABLE_NAME_BYTES",
     "SOURCE_GROUP",
@@ -38,6 +40,13 @@ SOURCE_GROUP = False
 #: The NServiceBus PostgreSQL installer's limit on a queue table name, in bytes.
 MAX_TABLE_NAME_BYTES = 55
 SQLSERVER_MAX_NAME = 128  # sysname
+#: Server connections one process's routes share per PostgreSQL or SQL Server connection: a
+#: busy loop holds two (its batch and the one received ahead), so ten keep about five loops
+#: moving at full speed at once while idle ones only borrow one per poll; ten per process
+#: and worker leaves most of PostgreSQL's default `max_connections` (100) to the endpoints.
+DEFAULT_POOL_SIZE = 10
+#: Seconds a route waits for a free pooled connection before it backs off (and retries).
+DEFAULT_POOL_TIMEOUT = 10.0
 
 
 class _Sql(Strict):
@@ -52,7 +61,22 @@ class SqliteConnection(_Sql):
     busy_timeout: float = Field(30.0, gt=0, description="Seconds to wait on a locked database.")
 
 
-class PostgresConnection(_Sql):
+class _Pooled(_Sql):
+    pool_size: int = Field(
+        DEFAULT_POOL_SIZE,
+        ge=1,
+        le=10_000,
+        description="Most server connections the routes of one process hold on this connection "
+        "at once (plus one for administration); see README, 'Connections and pools'.",
+    )
+    pool_timeout: float = Field(
+        DEFAULT_POOL_TIMEOUT,
+        gt=0,
+        description="Seconds a route waits for a free pooled connection before it backs off.",
+    )
+
+
+class PostgresConnection(_Pooled):
     type: Literal["postgresql"]
     dsn: str = Field(description="libpq connection string or URL; keep secrets in ${VAR}.")
     schema_: str = Field(
@@ -60,7 +84,7 @@ class PostgresConnection(_Sql):
     )
 
 
-class SqlServerConnection(_Sql):
+class SqlServerConnection(_Pooled):
     type: Literal["sqlserver"]
     dsn: str = Field(min_length=1, description="ODBC connection string; keep secrets in ${VAR}.")
     schema_: str = Field(

@@ -5,9 +5,15 @@ executes it on that connection's one thread. So sqlite3 and pyodbc always see th
 opened them, calls on one connection never overlap, and a transaction can stay open across
 awaits (a received batch keeps its rows locked until it is settled).
 
-The connection is opened on first use. When a call fails, its transaction is rolled back; when
-the rollback fails too, or the driver says the connection broke, the connection is dropped and
-the next call opens a new one. Driver exceptions leave as bridge errors
+Without a pool (SQLite) the database connection is opened on first use and kept. With one
+(PostgreSQL, SQL Server: `bridge.transports.sql.pool`) it is leased when a call finds none in
+hand, and given back after every call that leaves no transaction open
+(`Dialect.transaction_open`): a transaction holds its connection from its first statement to
+its commit or rollback, and nothing longer. A waiting lease blocks this thread only.
+
+When a call fails, its transaction is rolled back; when the rollback fails too, or the driver
+says the connection broke, the connection is dropped (a pooled one discarded, never given
+back) and the next call opens or leases another. Driver exceptions leave as bridge errors
 (`bridge.transports.sql.errors`).
 """
 
@@ -22,6 +28,7 @@ from typing import TypeVar
 from bridge.errors import TransportError
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.errors import translated
+from bridge.transports.sql.pool import Pool
 
 __all__ = ["Connection"]
 
@@ -29,9 +36,12 @@ T = TypeVar("T")
 
 
 class Connection:
-    def __init__(self, dialect: Dialect, *, receiving: bool = False) -> None:
+    def __init__(
+        self, dialect: Dialect, *, receiving: bool = False, pool: Pool | None = None
+    ) -> None:
         self._dialect = dialect
         self._receiving = receiving  # a source's: see `Dialect.receiving_session`
+        self._pool = pool
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"bridge-{dialect.kind}-{dialect.connection_name}"
         )
@@ -65,33 +75,52 @@ class Connection:
             if self._db is not None:
                 self._call(work)
 
+    @property
+    def pool(self) -> Pool | None:
+        return self._pool
+
     async def close(self) -> None:
-        """Roll back anything still open and close; idempotent."""
+        """Roll back anything still open and close (a pooled connection: give it back);
+        idempotent."""
         if self._closed:
             return
         self._closed = True
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._drop)
+            await loop.run_in_executor(self._executor, self._release)
         finally:
             self._executor.shutdown(wait=False)
 
     def _call(self, work: Callable[[DbConnection], T]) -> T:
         try:
             with translated(self._dialect.describe(), self._dialect.classify):
-                if self._db is None:
-                    db = self._dialect.connect()
-                    if self._receiving:
-                        try:
-                            self._dialect.receiving_session(db)
-                        except BaseException:
-                            db.close()
-                            raise
-                    self._db = db
-                return work(self._db)
+                db = self._db
+                if db is None:
+                    db = self._db = self._open()
+                result = work(db)
         except Exception:
             self._roll_back_or_drop()
             raise
+        if self._pool is not None and not self._dialect.transaction_open(db):
+            self._give_back()
+        return result
+
+    def _open(self) -> DbConnection:
+        if self._pool is not None:
+            return self._pool.lease()
+        db = self._dialect.connect()
+        if self._receiving:
+            try:
+                self._dialect.receiving_session(db)
+            except BaseException:
+                db.close()
+                raise
+        return db
+
+    def _give_back(self) -> None:
+        db, self._db = self._db, None
+        if db is not None and self._pool is not None:
+            self._pool.give_back(db)
 
     def _roll_back_or_drop(self) -> None:
         db = self._db
@@ -105,12 +134,24 @@ class Connection:
             return
         if not self._dialect.alive(db):
             self._drop()
+        elif self._pool is not None:
+            self._give_back()
+
+    def _release(self) -> None:
+        """At close: roll back; a pooled connection that still works goes back to its pool."""
+        if self._pool is not None and self._db is not None:
+            self._roll_back_or_drop()
+        self._drop()
 
     def _drop(self) -> None:
         self.resets += 1
         db, self._db = self._db, None
-        if db is not None:
-            with contextlib.suppress(Exception):
-                db.rollback()
-            with contextlib.suppress(Exception):
-                db.close()
+        if db is None:
+            return
+        if self._pool is not None:
+            self._pool.discard(db)
+            return
+        with contextlib.suppress(Exception):
+            db.rollback()
+        with contextlib.suppress(Exception):
+            db.close()

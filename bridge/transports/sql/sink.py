@@ -17,6 +17,10 @@ Staged sends
     creates the stage in its transaction unless the session has it (a rollback drops one it
     created; a pooler may hand the next transaction another session).
 
+Connections
+    A sink's connection comes from its transport's pool where it has one (PostgreSQL, SQL
+    Server: `bridge.transports.sql.pool`), leased for each send's transaction.
+
 In a source's transaction
     A sink on a `borrowed` connection (`SqlSource.sink_in_transaction`) writes into the
     transaction its source has open and leaves the commit to that source's batch. A refused
@@ -37,6 +41,7 @@ from bridge.transports.sql.checkpoints import Checkpoints
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_ids
+from bridge.transports.sql.pool import Pool
 
 __all__ = ["STAGE_FROM", "SqlSink"]
 
@@ -47,13 +52,19 @@ STAGE_FROM = 64
 class SqlSink:
     """Inserts envelopes into one queue table; see the module docstring."""
 
-    def __init__(self, dialect: Dialect, address: str, borrowed: Connection | None = None) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        address: str,
+        borrowed: Connection | None = None,
+        pool: Pool | None = None,
+    ) -> None:
         self._dialect = dialect
         self._address = address
         dialect.table(address)
         self._checkpoints = Checkpoints(dialect)
         self._borrowed = borrowed is not None
-        self._connection = borrowed or Connection(dialect)
+        self._connection = borrowed or Connection(dialect, pool=pool)
         # Where the dialect stages sends (see `STAGE_FROM`): the insert from the stage.
         staged = dialect.queue_statements(address).send_staged if dialect.send_stage else ""
         self._staged = "" if self._borrowed else staged

@@ -40,10 +40,18 @@ Receiving ahead
     Where two transactions can delete from one table at once (PostgreSQL, SQL Server: not
     SQLite, and not for a source whose sink writes in its transaction), a source may receive
     one more batch while it holds one (`receives_ahead`): the second is taken on a second
-    connection, opened when first needed, and skips the rows the first holds. The runner uses
-    it to receive the next batch while the current one is being sent, and still sends and
-    commits them one after the other, in order. Where only one transaction can write (SQLite),
-    the source receives ahead in the transaction it holds instead (`bridge.transports.sql.chain`).
+    connection, and skips the rows the first holds. The runner uses it to receive the next
+    batch while the current one is being sent, and still sends and commits them one after the
+    other, in order. Where only one transaction can write (SQLite), the source receives ahead
+    in the transaction it holds instead (`bridge.transports.sql.chain`).
+
+Connections
+    A source's connections come from its transport's pool where it has one (PostgreSQL, SQL
+    Server: `bridge.transports.sql.pool`): a poll leases one for its transaction and gives it
+    back when it finds nothing, a batch keeps it until settled. A source holding a batch
+    receives ahead only while the pool has a connection free at once (`receives_ahead`), so a
+    loop never waits for a second connection while it holds one. A source's commits do not
+    wait for the log flush (`Dialect.receiving_transaction`, `Dialect.receiving_session`).
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.deadletter import ErrorQueue
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import QueueRow
+from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.sink import SqlSink
 
 __all__ = ["MAX_POLL", "MIN_POLL", "SqlSource"]
@@ -92,8 +101,10 @@ class SqlSource:
         error_queue: str | None = None,
         *,
         seq_range: tuple[int, int] | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self._dialect = dialect
+        self._pool = pool
         self._address = address
         statements = dialect.queue_statements(address)
         self._receive = statements.receive
@@ -101,7 +112,7 @@ class SqlSource:
         if seq_range is not None:
             self._receive, self._receive_params = statements.receive_range, seq_range
         self._copies = ErrorQueue(dialect, address, error_queue)
-        self._connection = Connection(dialect, receiving=True)
+        self._connection = Connection(dialect, receiving=True, pool=pool)
         self._ahead: Connection | None = None  # the second, for a receive ahead of a held batch
         self._in_use: set[Connection] = set()  # receiving, or holding a batch's transaction
         self._borrowed = False  # a sink writes in this source's transactions
@@ -113,15 +124,15 @@ class SqlSource:
     def receives_ahead(self) -> bool:
         """Whether one more batch may be received now, while one is held.
 
-        Where two transactions can write, always (on a second connection). With one writer
-        (SQLite), while the open transaction holds fewer than `CHAIN` batches and a batch is
-        held (`bridge.transports.sql.chain`). Never when a sink writes in this source's
-        transaction (it follows one connection).
+        Where two transactions can write, on a second connection, while the pool (if any) has
+        one free at once. With one writer (SQLite), while the open transaction holds fewer than
+        `CHAIN` batches and a batch is held (`bridge.transports.sql.chain`). Never when a sink
+        writes in this source's transaction (it follows one connection).
         """
         if self._borrowed:
             return False
         if self._dialect.concurrent_writers:
-            return True
+            return self._pool is None or self._pool.free()
         return self._chain.ahead_allowed()
 
     @property
@@ -160,9 +171,9 @@ class SqlSource:
     def _free_connection(self) -> Connection:
         if self._connection not in self._in_use:
             return self._connection
-        if self.receives_ahead:
+        if not self._borrowed and self._dialect.concurrent_writers:
             if self._ahead is None:
-                self._ahead = Connection(self._dialect, receiving=True)
+                self._ahead = Connection(self._dialect, receiving=True, pool=self._pool)
             if self._ahead not in self._in_use:
                 return self._ahead
         raise SettleError("receive_batch called before the previous batch was settled")
@@ -219,7 +230,10 @@ class SqlSource:
         cursor = db.cursor()
         cursor.execute(self._receive, (*self._receive_params, max_messages))
         rows = self._dialect.layout.received_rows(self._dialect.fetch(cursor))
-        return self._taken(rows) if rows else None
+        if not rows:
+            return None
+        self._dialect.receiving_transaction(db)
+        return self._taken(rows)
 
     def _taken(self, rows: Sequence[QueueRow]) -> _Taken:
         layout = self._dialect.layout

@@ -14,8 +14,13 @@ Connection
     The connection's `type` picks the dialect (`dialects/`: driver, names, errors, SQL
     primitives), imported when the transport is built; the driver (psycopg, pyodbc; sqlite3 is
     the standard library's) is imported when a dialect first connects. Every source, sink and
-    the transport itself own one database connection each (a source receiving ahead: two),
-    driven from its own thread (`connection`).
+    the transport itself drive their database work from a thread of their own (`connection`).
+    On PostgreSQL and SQL Server the sources and sinks of every route of the process lease
+    their database connections from the transport's one pool of at most `pool_size`, each for
+    a transaction (`pool`); the transport's own work (`check`, `peek`, `install`, the range
+    reads) has one connection of its own besides, so a busy pool never holds up a readiness
+    probe. SQLite's are not pooled: each source and sink keeps its own (a source receiving
+    ahead: two), and a file has no connection limit.
 
 Options
     `layout` (default `nservicebus`) picks what a queue table holds and the statements run on
@@ -36,6 +41,8 @@ Administration
 Limits
     SQLite has one writer at a time; PostgreSQL table names are at most 55 bytes, SQL Server's
     128 characters (`config`). Each poll is a write transaction (see `source`, "Polling").
+    `connections_needed` and `connections_allowed` compare what the routes of one process could
+    hold with what the server has left (`bridge check --connect` warns).
 
 Errors (which are retriable)
     `errors`: unreachable server, broken connection, timeouts, deadlocks, serialization
@@ -54,6 +61,7 @@ What is lossy
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import time
 import weakref
@@ -66,9 +74,10 @@ from bridge.errors import HeadersFormatError, TransportError
 from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.protocols import CheckpointStore, QueueStats
 from bridge.transports.sql import headers as headers_codec
-from bridge.transports.sql.config import SqlConnection
+from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
+from bridge.transports.sql.dialects.base import DbConnection, Dialect, ServerConnections, scalar
+from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.ranges import RangeReads
 from bridge.transports.sql.sink import SqlSink
 from bridge.transports.sql.source import SqlSource
@@ -99,6 +108,13 @@ class Transport(RangeReads):
         self.name = name
         self.config = config
         self.dialect = dialect_for(name, config)
+        self.pool = (  # SQLite: none (see `pool`)
+            None
+            if isinstance(config, SqliteConnection)
+            else Pool(
+                self.dialect.connect, config.pool_size, config.pool_timeout, self.dialect.describe()
+            )
+        )
         self._admin: Connection | None = None
         self._opened: weakref.WeakSet[SqlSource | SqlSink] = weakref.WeakSet()
 
@@ -124,13 +140,13 @@ class Transport(RangeReads):
         """`group` and `checkpoint_store` mean nothing to a queue table and are ignored;
         `seq_range` restricts the source to a range of the table (`source`, "Sequence
         ranges")."""
-        source = SqlSource(self.dialect, address, error_queue, seq_range=seq_range)
+        source = SqlSource(self.dialect, address, error_queue, seq_range=seq_range, pool=self.pool)
         self._opened.add(source)
         return source
 
     def sink(self, address: str, *, key: str | None = None) -> SqlSink:
         """`key` (a Kafka record key) means nothing to a queue table and is ignored."""
-        sink = SqlSink(self.dialect, address)
+        sink = SqlSink(self.dialect, address, pool=self.pool)
         self._opened.add(sink)
         return sink
 
@@ -162,7 +178,32 @@ class Transport(RangeReads):
     def canonical_address(self, address: str) -> str:
         return self.dialect.canonical_address(address)
 
+    def connections_needed(self, receiving: int, sending: int, moving: int) -> int:
+        """The most database connections one process could hold on this connection for route
+        loops that receive here and send elsewhere (`receiving`), send here (`sending`), and
+        move between two tables here (`moving`), with the administration connection: a loop
+        receiving ahead holds two, one moving in its source's transaction one, a sink one;
+        the pool caps their sum."""
+        ahead = 2 if self.dialect.concurrent_writers else 1
+        loops = receiving * ahead + sending + moving
+        return min(loops, self.pool.size if self.pool is not None else loops) + 1
+
+    async def connections_allowed(self) -> ServerConnections | None:
+        """How many connections the server has left for this one, by its own counts (None:
+        no server, SQLite)."""
+        return await self._run(self._server_connections)
+
+    def _server_connections(self, db: DbConnection) -> ServerConnections | None:
+        try:
+            return self.dialect.server_connections(db)
+        finally:
+            db.rollback()
+
     async def close(self) -> None:
+        """Close every source and sink (giving back what they hold), the pool, and the
+        administration connection; the pool first, so that no lease waits out its timeout."""
+        if self.pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.pool.close)
         for opened in list(self._opened):
             await opened.close()
         if self._admin is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from bridge.errors import BridgeError, ConfigError
@@ -24,7 +25,7 @@ from bridge.transports.sql.layouts.base import (
     load_layout,
 )
 
-__all__ = ["DbConnection", "DbCursor", "Dialect", "double_quote", "scalar"]
+__all__ = ["DbConnection", "DbCursor", "Dialect", "ServerConnections", "double_quote", "scalar"]
 
 
 class DbCursor(Protocol):
@@ -57,6 +58,28 @@ class DbConnection(Protocol):
     def rollback(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServerConnections:
+    """What a database server allows in connections, by its own counts."""
+
+    limit: int  # PostgreSQL max_connections, SQL Server @@MAX_CONNECTIONS
+    reserved: int = 0  # of those, kept for superusers (and roles given reserved ones)
+    others: int | None = None  # held by other clients now; None: the server does not say
+
+    @property
+    def available(self) -> int:
+        """Connections a client without reserved ones can still open."""
+        return self.limit - self.reserved - (self.others or 0)
+
+    def describe(self) -> str:
+        parts = [f"{self.limit} connections"]
+        if self.reserved:
+            parts.append(f"{self.reserved} reserved for superusers")
+        if self.others is not None:
+            parts.append(f"{self.others} held by other clients")
+        return " - ".join(parts)
 
 
 class Dialect(ABC):
@@ -94,16 +117,31 @@ class Dialect(ABC):
         return translate(exc, self.describe(), self.classify)
 
     def receiving_session(self, db: DbConnection) -> None:  # noqa: B027 - not every database
-        """Set up a source's connection, right after it opened.
+        """Set up a source's own (unpooled) connection, right after it opened.
 
         A source's transactions only delete what was already sent (and insert error-queue copies
         of what is deleted, in the same transaction): a commit the database loses in a crash
         brings those rows back, so they are sent again (duplicates), and nothing is lost. Where
-        the database allows it per session, such commits do not wait for the log flush.
+        the database allows it per session, such commits do not wait for the log flush (SQLite).
         """
+
+    def receiving_transaction(self, db: DbConnection) -> None:  # noqa: B027 - not every database
+        """The same for one source transaction that took rows, where the database allows it per
+        transaction (PostgreSQL): pooled connections serve sources and sinks in turn, and a
+        sink's commit must wait for the flush, or a crash could lose what its source let go of.
+        """
+
+    def transaction_open(self, db: DbConnection) -> bool:
+        """Whether `db` is inside a transaction (a pooled connection is given back only when
+        not); True where the driver cannot tell."""
+        return True
 
     def begin(self, db: DbConnection) -> None:  # noqa: B027 - most drivers begin implicitly
         """Start a write transaction explicitly where the driver does not do it implicitly."""
+
+    def server_connections(self, db: DbConnection) -> ServerConnections | None:
+        """The server's connection limit and use; None where there is no server (SQLite)."""
+        return None
 
     def alive(self, db: DbConnection) -> bool:
         """False once the connection is known to be broken (it is then reopened)."""

@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from bridge.errors import ConfigError
 from bridge.transports.sql.config import PostgresConnection, address_problem
-from bridge.transports.sql.dialects.base import DbConnection, Dialect, double_quote, scalar
+from bridge.transports.sql.dialects.base import (
+    DbConnection,
+    Dialect,
+    ServerConnections,
+    double_quote,
+    scalar,
+)
 from bridge.transports.sql.errors import Failure
 from bridge.transports.sql.layouts.base import CheckpointStatements, OutgoingRow
 
@@ -50,6 +56,17 @@ __all__ = ["PostgresDialect", "classify"]
 RETRIABLE_CLASSES = {"08", "40", "53", "57", "58"}
 RETRIABLE_STATES = {"55P03"}  # lock_not_available
 REJECTED_CLASSES = {"22", "54"}  # data exception, program limit exceeded
+
+#: max_connections; the connections kept for superusers (and, from PostgreSQL 16, for roles
+#: granted pg_use_reserved_connections); the client connections other than this one and those
+#: of its application name (the bridge's own, of a service already running this config).
+SERVER_CONNECTIONS = """\
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int
+         + coalesce(current_setting('reserved_connections', true)::int, 0),
+       (SELECT count(*)::int FROM pg_stat_activity
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+           AND application_name IS DISTINCT FROM current_setting('application_name'))"""
 
 #: 9999-12-31 23:59:59 UTC in epoch seconds: the last `Expires` a .NET DateTime can hold.
 LAST_EXPIRES = 253_402_300_799
@@ -99,11 +116,27 @@ class PostgresDialect(Dialect):
 
     classify = staticmethod(classify)
 
-    def receiving_session(self, db: DbConnection) -> None:
+    def receiving_transaction(self, db: DbConnection) -> None:
         # A receive's commit returns before its WAL record is flushed (it is flushed within
-        # 3 x wal_writer_delay): a server crash in between can only undo the receive.
-        db.cursor().execute("SET synchronous_commit = off")
-        db.commit()
+        # 3 x wal_writer_delay): a server crash in between can only undo the receive. SET
+        # LOCAL ends with the transaction: the pooled connection's next transaction (a sink's,
+        # perhaps) waits for the flush again, and so does whatever transaction a pooler in
+        # transaction mode (PgBouncer) runs next on the same server session, the endpoints'
+        # own included, which a session-level SET would leave asynchronous.
+        db.cursor().execute("SET LOCAL synchronous_commit = off")
+
+    def transaction_open(self, db: DbConnection) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return cast("psycopg.Connection[Any]", db).info.transaction_status != TransactionStatus.IDLE
+
+    def server_connections(self, db: DbConnection) -> ServerConnections:
+        cursor = db.cursor()
+        cursor.execute(SERVER_CONNECTIONS)
+        row = cursor.fetchone()
+        assert row is not None
+        limit, reserved, others = row
+        return ServerConnections(int(limit), int(reserved), int(others))
 
     def alive(self, db: DbConnection) -> bool:
         return not (getattr(db, "closed", False) or getattr(db, "broken", False))

@@ -12,7 +12,12 @@ Features
 
 Connection
     `{type: sqlserver, dsn: "Driver={ODBC Driver 18 for SQL Server};Server=...", schema: dbo,
-    catalog: nservicebus}` (FreeTDS with TDS 7.4 works too). Queue names are
+    catalog: nservicebus, pool_size: 10}` (FreeTDS with TDS 7.4 works too). The routes share
+    a pool of connections (`bridge.transports.sql.pool`), which gives a connection back when
+    its transaction has ended; ODBC does not say whether one is open, so each connection is
+    wrapped to count one as open from its first cursor to its commit or rollback
+    (`TrackedConnection`). A pooled connection is used by several threads one after another:
+    the ODBC specification requires drivers to be thread-safe. Queue names are
     `[catalog].[schema].[table]`, `[schema].[table]` without a catalog. The canonical address
     is `table@[schema]@[catalog]` (§6) and always carries a catalog, as the transport's does
     (NServiceBus.SqlServer@214c4e8, src/NServiceBus.Transport.SqlServer/Addressing/
@@ -38,11 +43,17 @@ from typing import Any, cast
 from bridge.errors import ConfigError, TransportError
 from bridge.transports.sql.config import SqlServerConnection
 from bridge.transports.sql.dialects import tsql
-from bridge.transports.sql.dialects.base import DbConnection, DbCursor, Dialect, scalar
+from bridge.transports.sql.dialects.base import (
+    DbConnection,
+    DbCursor,
+    Dialect,
+    ServerConnections,
+    scalar,
+)
 from bridge.transports.sql.errors import Failure
 from bridge.transports.sql.layouts.base import CheckpointStatements
 
-__all__ = ["SqlServerDialect", "classify"]
+__all__ = ["SqlServerDialect", "TrackedConnection", "classify"]
 
 # ODBC: 08xxx connection, HYT00/HYT01 timeouts, 40001 deadlock victim (1205)
 RETRIABLE_STATES = {"HYT00", "HYT01", "40001"}
@@ -63,6 +74,40 @@ def classify(exc: BaseException) -> Failure | None:
         or any(number in message for number in RETRIABLE_NUMBERS)
     )
     return Failure(retriable, rejected=state.startswith("22"))
+
+
+class TrackedConnection:
+    """A DB-API connection that knows whether it may be inside a transaction.
+
+    In manual-commit mode a statement begins a transaction and ODBC does not report one, so a
+    transaction counts as open from the first cursor taken to the next commit or rollback; a
+    cursor taken for a statement that began none only keeps the connection a little longer.
+    Everything else is the wrapped connection's.
+    """
+
+    __slots__ = ("_db", "in_transaction")
+
+    def __init__(self, db: DbConnection) -> None:
+        self._db = db
+        self.in_transaction = False
+
+    def cursor(self) -> DbCursor:
+        self.in_transaction = True
+        return self._db.cursor()
+
+    def commit(self) -> None:
+        self._db.commit()
+        self.in_transaction = False
+
+    def rollback(self) -> None:
+        self._db.rollback()
+        self.in_transaction = False
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
 
 
 class SqlServerDialect(Dialect):
@@ -86,10 +131,18 @@ class SqlServerDialect(Dialect):
         if self.database is None:
             try:
                 self.database = self._database_name(db)
+                db.rollback()
             except BaseException:
                 db.close()
                 raise
-        return db
+        return TrackedConnection(db)
+
+    def transaction_open(self, db: DbConnection) -> bool:
+        return not isinstance(db, TrackedConnection) or db.in_transaction
+
+    def server_connections(self, db: DbConnection) -> ServerConnections:
+        # Other sessions are listed in sys.dm_exec_sessions, which needs VIEW SERVER STATE.
+        return ServerConnections(int(scalar(db, tsql.MAX_CONNECTIONS)))
 
     def _database_name(self, db: DbConnection) -> str:
         name = scalar(db, tsql.DATABASE_NAME)

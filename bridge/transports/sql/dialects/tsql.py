@@ -23,11 +23,11 @@ The statements are the NServiceBus SQL Server transport's own, verbatim, with th
   receive with `WHERE RowVersion BETWEEN @lo AND @hi` in its CTE (same hints, same OUTPUT);
   `bounds`, `count_range` and `scan_range` read with `READPAST`, like the transport's peek, so
   they never wait on rows a receiver holds; `scan_range` outputs `DATALENGTH(Body)`, not Body.
-- The checks, the `Recoverable` probe, `DATABASE_NAME` and `BridgeCheckpoints` are this
-  project's statements; the two table checks are the transport's, prefixed with the catalog
-  where one is configured so they look at the right database, and with the name as an
-  `N'...'` literal so names outside the database code page are found. Existence checks take
-  the quoted name as a parameter.
+- The checks, the `Recoverable` probe, `DATABASE_NAME`, `MAX_CONNECTIONS` and
+  `BridgeCheckpoints` are this project's statements; the two table checks are the
+  transport's, prefixed with the catalog where one is configured so they look at the right
+  database, and with the name as an `N'...'` literal so names outside the database code page
+  are found. Existence checks take the quoted name as a parameter.
 
 `{0}` in the spec is `table_name(...)`: `[catalog].[schema].[table]`, each part bracket-quoted
 with `]` doubled. Where the spec puts that name inside a string literal (`N'{0}'`,
@@ -41,6 +41,7 @@ __all__ = [
     "DATABASE_NAME",
     "EXISTS",
     "INT32_MAX",
+    "MAX_CONNECTIONS",
     "bounds",
     "bracket",
     "checkpoint_advance",
@@ -81,6 +82,10 @@ EXISTS = "SELECT OBJECT_ID(?, N'U')"
 
 #: -> one row: the connection's database, the catalog of addresses when none is configured.
 DATABASE_NAME = "SELECT DB_NAME()"
+
+#: -> one row: the most simultaneous user connections the server allows (the `user
+#: connections` option; 0 there means the maximum, 32,767, which this reports).
+MAX_CONNECTIONS = "SELECT @@MAX_CONNECTIONS"
 
 _SEND_PARAMS = (
     "DECLARE @Id uniqueidentifier = ?, @TimeToBeReceivedMs int = ?, "

@@ -1,0 +1,166 @@
+"""`bridge.transports.sql.pool.Pool` on its own: its bound, the order of waiting leases, its
+timeout, what a discarded or failed connection frees, and close. The connections are real
+in-memory SQLite ones (shareable between threads); the pool never looks inside them."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from typing import cast
+
+import pytest
+
+from bridge.errors import TransportUnavailable
+from bridge.transports.sql.dialects.base import DbConnection
+from bridge.transports.sql.dialects.sqlserver import TrackedConnection
+from bridge.transports.sql.pool import Pool
+
+
+class Opened:
+    """`connect` for a pool, remembering every connection it opened."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.connections: list[sqlite3.Connection] = []
+        self.fail = fail  # this many connects fail first
+
+    def __call__(self) -> DbConnection:
+        if self.fail:
+            self.fail -= 1
+            raise sqlite3.OperationalError("unable to open database file")
+        db = sqlite3.connect(":memory:", check_same_thread=False)
+        self.connections.append(db)
+        return cast(DbConnection, db)
+
+
+def closed(db: object) -> bool:
+    try:
+        cast(sqlite3.Connection, db).execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+def lease_in_thread(pool: Pool, got: list[object], name: str) -> threading.Thread:
+    def lease() -> None:
+        try:
+            got.append((name, pool.lease()))
+        except TransportUnavailable as exc:
+            got.append((name, exc))
+
+    thread = threading.Thread(target=lease)
+    thread.start()
+    return thread
+
+
+def wait_for_waiters(pool: Pool, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(pool._waiters) < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_at_most_size_are_opened_and_what_is_given_back_is_leased_again() -> None:
+    opened = Opened()
+    pool = Pool(opened, 2, 5.0, "test")
+    first, second = pool.lease(), pool.lease()
+    assert pool.open == 2 and not pool.free()
+    pool.give_back(first)
+    assert pool.free()
+    assert pool.lease() is first  # an idle one before a new one
+    assert len(opened.connections) == 2
+    pool.give_back(first)
+    pool.give_back(second)
+    assert pool.idle == 2
+
+
+def test_waiting_leases_are_served_first_come_first_served() -> None:
+    pool = Pool(Opened(), 1, 5.0, "test")
+    held = pool.lease()
+    got: list[object] = []
+    threads = []
+    for name in ("a", "b", "c"):
+        threads.append(lease_in_thread(pool, got, name))
+        wait_for_waiters(pool, len(threads))
+    for served in range(1, len(threads) + 1):  # each one given back goes to the next waiting
+        pool.give_back(held)
+        deadline = time.monotonic() + 5
+        while len(got) < served:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        held = cast(DbConnection, cast(tuple[str, object], got[-1])[1])
+    for thread in threads:
+        thread.join()
+    assert [name for name, _ in cast(list[tuple[str, object]], got)] == ["a", "b", "c"]
+
+
+def test_a_lease_waits_at_most_the_timeout_then_fails_retriably() -> None:
+    pool = Pool(Opened(), 1, 0.2, "postgresql connection 'shop'")
+    pool.lease()
+    started = time.monotonic()
+    with pytest.raises(TransportUnavailable, match="no free connection in its pool of 1") as raised:
+        pool.lease()
+    assert raised.value.retriable
+    assert 0.15 < time.monotonic() - started < 2.0
+    assert not pool._waiters  # it stopped waiting
+
+
+def test_a_discarded_connection_is_closed_and_frees_its_place_for_a_waiting_lease() -> None:
+    opened = Opened()
+    pool = Pool(opened, 1, 5.0, "test")
+    broken = pool.lease()
+    got: list[object] = []
+    thread = lease_in_thread(pool, got, "waiting")
+    wait_for_waiters(pool, 1)
+    pool.discard(broken)
+    thread.join(5)
+    ((_, new),) = cast(list[tuple[str, object]], got)
+    assert closed(broken) and new is not broken and not closed(new)
+    assert pool.open == 1 and len(opened.connections) == 2
+
+
+def test_a_failed_connect_frees_its_place() -> None:
+    pool = Pool(Opened(fail=1), 1, 0.2, "test")
+    with pytest.raises(sqlite3.OperationalError):
+        pool.lease()
+    assert pool.open == 0
+    pool.lease()  # not refused for want of a place
+
+
+def test_close_closes_the_idle_and_what_comes_back_and_fails_the_waiting() -> None:
+    pool = Pool(Opened(), 2, 30.0, "test")
+    idle, leased = pool.lease(), pool.lease()
+    pool.give_back(idle)
+    pool.close()
+    assert closed(idle) and not closed(leased)
+    pool.give_back(leased)
+    assert closed(leased) and pool.open == 0
+    with pytest.raises(TransportUnavailable, match="closed"):
+        pool.lease()
+
+    pool = Pool(Opened(), 1, 30.0, "test")
+    pool.lease()
+    got: list[object] = []
+    thread = lease_in_thread(pool, got, "waiting")
+    wait_for_waiters(pool, 1)
+    started = time.monotonic()
+    pool.close()
+    thread.join(5)
+    assert time.monotonic() - started < 2.0  # not the 30 s timeout
+    ((_, error),) = cast(list[tuple[str, object]], got)
+    assert isinstance(error, TransportUnavailable) and "closed" in str(error)
+
+
+def test_a_tracked_connection_counts_a_transaction_from_its_first_cursor_to_its_end() -> None:
+    """pyodbc has no transaction status; SQL Server's dialect keeps its own."""
+    db = TrackedConnection(cast(DbConnection, sqlite3.connect(":memory:")))
+    assert not db.in_transaction
+    db.cursor().execute("CREATE TABLE t (x)")
+    assert db.in_transaction
+    db.commit()
+    assert not db.in_transaction
+    db.cursor().execute("INSERT INTO t VALUES (1)")
+    db.rollback()
+    assert not db.in_transaction
+    assert db.total_changes == 1  # everything else is the wrapped connection's
+    db.close()
