@@ -20,6 +20,7 @@ from bridge.errors import BridgeError, UsageError
 from bridge.nservicebus.messages import endpoint_message
 from bridge.nservicebus.wireformat import parse_timespan
 from bridge.protocols import QueueStats, Transport
+from bridge.service.capacity import connection_warnings
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
 
@@ -93,7 +94,9 @@ def _transport(config: BridgeConfig, name: str) -> Transport:
 
 
 async def check(config_path: str, *, connect: bool) -> int:
-    """Validate the config; with `connect`, reach every connection and each address it needs."""
+    """Validate the config; with `connect`, reach every connection and each address it needs,
+    and warn where the routes could need more server connections than are left
+    (`bridge.service.capacity`)."""
     config = load_routes(config_path).config
     print(f"{config_path}: OK ({describe_counts(config)})")
     if not connect:
@@ -106,6 +109,7 @@ async def check(config_path: str, *, connect: bool) -> int:
         transport = _transport(config, name)
         try:
             warnings = await transport.check(needed)
+            warnings += await connection_warnings(config, name, transport)
         except BridgeError as exc:
             failures += 1
             print(f"{name}: FAILED: {exc}")

@@ -33,6 +33,10 @@ Optional capabilities of a source (the runner checks them with `isinstance`)
     `ReceivesAhead`: while `receives_ahead` is true the source may hold one more batch while
     one is in hand (an SQL queue table: a second connection, or the open SQLite transaction);
     the runner then receives the next batch while it sends the current one.
+
+Optional capability of a transport
+    `ConnectionLimit`: a server that limits connections (PostgreSQL, SQL Server) and what the
+    routes of one process could hold there; `bridge check --connect` compares the two.
 """
 
 from __future__ import annotations
@@ -47,12 +51,14 @@ from bridge.envelope import Envelope, PoisonMessage
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "ConnectionLimit",
     "FencedCheckpoint",
     "GroupLag",
     "QueueStats",
     "Readiness",
     "ReceivedBatch",
     "ReceivesAhead",
+    "ServerConnections",
     "Sink",
     "Source",
     "TransactionalSource",
@@ -164,6 +170,43 @@ class QueueStats:
     depth: int
     oldest_age_seconds: float | None = None
     expired: int = 0
+
+
+@dataclass(frozen=True)
+class ServerConnections:
+    """What a database server allows in connections, by its own counts."""
+
+    limit: int  # PostgreSQL max_connections, SQL Server @@MAX_CONNECTIONS
+    reserved: int = 0  # of those, kept for superusers (and roles given reserved ones)
+    others: int | None = None  # held by other clients now; None: the server does not say
+
+    @property
+    def available(self) -> int:
+        """Connections a client without reserved ones can still open."""
+        return self.limit - self.reserved - (self.others or 0)
+
+    def describe(self) -> str:
+        parts = [f"{self.limit} allowed"]
+        if self.reserved:
+            parts.append(f"{self.reserved} reserved for superusers")
+        if self.others is not None:
+            parts.append(f"{self.others} held by other clients")
+        return " - ".join(parts)
+
+
+@runtime_checkable
+class ConnectionLimit(Protocol):
+    """A transport whose server limits connections.
+
+    `connections_needed` is the most connections one process could hold for route loops that
+    receive there and send elsewhere (`receiving`), send there (`sending`) and move between
+    two of its queues (`moving`), its own administration connection included.
+    `connections_allowed` asks the server (None: it has no limit to tell).
+    """
+
+    def connections_needed(self, receiving: int, sending: int, moving: int) -> int: ...
+
+    async def connections_allowed(self) -> ServerConnections | None: ...
 
 
 class Transport(Protocol):

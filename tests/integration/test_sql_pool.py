@@ -265,3 +265,62 @@ async def test_routes_that_wait_on_each_others_pools_back_off_instead_of_deadloc
                 assert found == (expected,), name
     finally:
         await site.transport.close()
+
+
+def check_connect(config: Path) -> subprocess.CompletedProcess[str]:
+    for command in ("install", "check"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bridge", command, "-c", str(config)]
+            + (["--connect"] if command == "check" else []),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+async def test_check_connect_warns_when_the_routes_could_need_more_than_the_server_has(
+    tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> None:
+    """One route of 64 loops receiving ahead could hold 128 connections of its source's
+    connection: past PostgreSQL's default limit of 100 with a pool that large, well within it
+    with the default pool of 10. The destination's 64 sending loops fit either way."""
+    a, b = unique("a"), unique("b")
+    with psycopg.connect(pg_dsn) as db:
+        row = db.execute(
+            "SELECT current_setting('max_connections')::int,"
+            " current_setting('superuser_reserved_connections')::int"
+        ).fetchone()
+    assert row is not None
+    limit, reserved = row
+    assert limit < 129, "this test needs a server allowing fewer than 129 connections"
+
+    def config(pool: str) -> Path:
+        path = tmp_path / f"routes{len(pool)}.yaml"
+        common = f'dsn: "{pg_dsn}", schema: "{pg_schema}"'
+        path.write_text(
+            textwrap.dedent(
+                f"""\
+                connections:
+                  {a}: {{type: postgresql, {common}{pool}}}
+                  {b}: {{type: postgresql, {common}}}
+                routes:
+                  - {{name: wide, from: {{connection: {a}, queue: {unique("in")}}},
+                      to: {{connection: {b}, queue: {unique("out")}}}, concurrency: 64}}
+                """
+            )
+        )
+        return path
+
+    warned = check_connect(config(", pool_size: 200")).stdout
+    (line,) = [line for line in warned.splitlines() if "server connections" in line]
+    assert line.startswith(
+        f"{a}: warning: the routes could hold 129 server connections at once in one `bridge "
+        "run` process (64 route loops, pool_size 200, and 1 for administration), but the server "
+        "has "
+    )
+    assert f"({limit} allowed - {reserved} reserved for superusers - " in line
+    assert "held by other clients)" in line and "--workers N" in line
+    assert "server connections" not in check_connect(config("")).stdout  # 11 of them

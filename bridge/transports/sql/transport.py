@@ -72,11 +72,11 @@ from typing import TypeVar
 from bridge.envelope import TIME_SENT
 from bridge.errors import HeadersFormatError, TransportError
 from bridge.nservicebus.wireformat import timestamp_seconds
-from bridge.protocols import CheckpointStore, QueueStats
+from bridge.protocols import CheckpointStore, QueueStats, ServerConnections
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.dialects.base import DbConnection, Dialect, ServerConnections, scalar
+from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.ranges import RangeReads
 from bridge.transports.sql.sink import SqlSink

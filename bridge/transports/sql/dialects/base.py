@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from bridge.errors import BridgeError, ConfigError
+from bridge.protocols import ServerConnections
 from bridge.transports.sql.errors import Failure, translate
 from bridge.transports.sql.layouts.base import (
     CheckpointStatements,
@@ -25,7 +25,7 @@ from bridge.transports.sql.layouts.base import (
     load_layout,
 )
 
-__all__ = ["DbConnection", "DbCursor", "Dialect", "ServerConnections", "double_quote", "scalar"]
+__all__ = ["DbConnection", "DbCursor", "Dialect", "double_quote", "scalar"]
 
 
 class DbCursor(Protocol):
@@ -58,28 +58,6 @@ class DbConnection(Protocol):
     def rollback(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class ServerConnections:
-    """What a database server allows in connections, by its own counts."""
-
-    limit: int  # PostgreSQL max_connections, SQL Server @@MAX_CONNECTIONS
-    reserved: int = 0  # of those, kept for superusers (and roles given reserved ones)
-    others: int | None = None  # held by other clients now; None: the server does not say
-
-    @property
-    def available(self) -> int:
-        """Connections a client without reserved ones can still open."""
-        return self.limit - self.reserved - (self.others or 0)
-
-    def describe(self) -> str:
-        parts = [f"{self.limit} connections"]
-        if self.reserved:
-            parts.append(f"{self.reserved} reserved for superusers")
-        if self.others is not None:
-            parts.append(f"{self.others} held by other clients")
-        return " - ".join(parts)
 
 
 class Dialect(ABC):

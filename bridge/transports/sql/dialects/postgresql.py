@@ -35,11 +35,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from bridge.errors import ConfigError
+from bridge.protocols import ServerConnections
 from bridge.transports.sql.config import PostgresConnection, address_problem
 from bridge.transports.sql.dialects.base import (
     DbConnection,
     Dialect,
-    ServerConnections,
     double_quote,
     scalar,
 )

@@ -41,13 +41,13 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from bridge.errors import ConfigError, TransportError
+from bridge.protocols import ServerConnections
 from bridge.transports.sql.config import SqlServerConnection
 from bridge.transports.sql.dialects import tsql
 from bridge.transports.sql.dialects.base import (
     DbConnection,
     DbCursor,
     Dialect,
-    ServerConnections,
     scalar,
 )
 from bridge.transports.sql.errors import Failure
