@@ -8,7 +8,8 @@ of every SQL Server statement) by the connection's `type`, and the dialect its l
 (receive; `chain`, SQLite's savepoint chains), `sink` (send; `checkpoints`), `deadletter`
 (error-queue copies), `ranges` (reads of bulk jobs), `headers` (the Headers column codec;
 `headers_escapes`: what NServiceBus writes as escapes), `connection` (one database connection
-on its own thread), `errors`, `config`.
+on its own thread), `pool` (the database connections a transport's routes share), `errors`,
+`config`.
 
 Importing the package (or its `config`) imports no driver; the names below load their modules
 on first use, and psycopg or pyodbc is imported only when a dialect connects.

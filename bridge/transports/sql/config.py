@@ -1,6 +1,8 @@
 """The SQL connections of routes.yaml (`sqlite`, `postgresql`, `sqlserver`) and their rules.
 
 Driver-free: `bridge check` and the config loader import it without psycopg or pyodbc.
+PostgreSQL and SQL Server connections size the pool their routes share (`pool_size`,
+`pool_timeout`: `bridge.transports.sql.pool`); SQLite has none.
 A queue table name a database or the NServiceBus installer would refuse is found here, before
 anything connects: PostgreSQL tables of more than 55 bytes (the installer's limit: the `seq`
 sequence's name must fit 63-byte identifiers), SQL Server tables over 128 characters (sysname).
