@@ -8,6 +8,8 @@ Entry scripts (each runs as `python bench/NAME.py` or `python -m bench.NAME`):
     pg_insert.py       the PostgreSQL sink alone: executemany against the staged send
     tansu_producers.py does the local broker keep every record two producers write at once?
     migrate_vs_run.py  `bridge migrate` against `bridge run --until-idle` on one backlog
+    pool.py            200 PostgreSQL routes in one process, and one busy route, before and
+                       after the connection pool (on a PostgreSQL server of its own)
 
 What they share:
 
@@ -20,4 +22,5 @@ What they share:
     phases.py     a route's throughput phase and latency phase
     scenarios.py  the whole `routes.py` run: legs, baselines, routes
     report.py     the tables, and medians of saved runs
+    pgserver.py   a PostgreSQL cluster of the bench's own, in a temporary directory
 """

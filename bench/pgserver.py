@@ -1,0 +1,101 @@
+"""A PostgreSQL server of the bench's own: a fresh cluster in a temporary directory.
+
+For measurements that must run a server out of connections (`pool.py`): on a server of their
+own they cannot disturb anything else using the machine's. `initdb` and `pg_ctl` come from
+PATH (or `--pg-bin`); run as root, the server runs as the `postgres` user. Its settings are
+initdb's defaults (`max_connections` 100, `superuser_reserved_connections` 3) unless given;
+its log is kept, so the connections it refused can be counted from it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import psycopg
+
+__all__ = ["PrivateServer"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class PrivateServer:
+    """`with PrivateServer() as server:` a running cluster; `server.dsn`, `server.log`."""
+
+    def __init__(self, bin_dir: str | None = None, **settings: str) -> None:
+        self.bin = Path(bin_dir) if bin_dir else None
+        self.settings = settings
+        self.port = _free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="bridge-bench-pg-"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _tool(self, name: str) -> str:
+        found = str(self.bin / name) if self.bin else shutil.which(name)
+        if not found:
+            raise SystemExit(f"{name} not found: put PostgreSQL's bin directory on PATH")
+        return found
+
+    def _as_owner(self, *command: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *command], check=True, capture_output=True)
+
+    def __enter__(self) -> PrivateServer:
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+        self._as_owner(self._tool("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust")
+        options = " ".join(
+            [f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.dir}"]
+            + [f"-c {key}={value}" for key, value in self.settings.items()]
+        )
+        self._as_owner(
+            self._tool("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options,
+            "-w", "start",
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with psycopg.connect(self.dsn, connect_timeout=2) as db:
+                    db.execute("SELECT 1")
+                return self
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self._as_owner(self._tool("pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def refused_since(self, offset: int, text: str = "too many clients already") -> int:
+        """Log lines with `text` written after byte `offset` of the log."""
+        with self.log.open("rb") as log:
+            log.seek(offset)
+            return sum(1 for line in log if text.encode() in line)
+
+    def version(self) -> str:
+        with psycopg.connect(self.dsn) as db:
+            row = db.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
