@@ -75,10 +75,6 @@ class Connection:
             if self._db is not None:
                 self._call(work)
 
-    @property
-    def pool(self) -> Pool | None:
-        return self._pool
-
     async def close(self) -> None:
         """Roll back anything still open and close (a pooled connection: give it back);
         idempotent."""
