@@ -131,13 +131,13 @@ async def test_a_source_receives_ahead_only_while_a_connection_is_free(
     pg_dsn: str, pg_schema: str
 ) -> None:
     """A loop that holds one connection never waits for a second: receiving ahead needs a
-    free one at once."""
-    site = Site(pg_dsn, pg_schema, pool_size=2, pool_timeout=0.5)
+    free one at once, and sources hold at most all but one (the last is for sends)."""
+    site = Site(pg_dsn, pg_schema, pool_size=3, pool_timeout=0.5)
     name = await site.queue(*(message(i) for i in range(6)))
     source, other = site.transport.source(name), site.transport.source(name)
     try:
         first = await source.receive_batch(2, 5.0)
-        assert source.receives_ahead  # one of two is free
+        assert source.receives_ahead  # two of three are free, one of them for sources
         taken = await other.receive_batch(2, 5.0)  # another route's loop takes it
         assert not source.receives_ahead
         await taken.abort()

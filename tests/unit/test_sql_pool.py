@@ -164,3 +164,67 @@ def test_a_tracked_connection_counts_a_transaction_from_its_first_cursor_to_its_
     assert not db.in_transaction
     assert db.total_changes == 1  # everything else is the wrapped connection's
     db.close()
+
+
+def test_holding_leases_leave_the_last_connection_to_sends() -> None:
+    """A source's lease holds its connection while the batch is sent elsewhere; sends end on
+    their own. Were holding leases allowed every connection, two routes sending into each
+    other's pools could each wait for the other until the timeout."""
+    pool = Pool(Opened(), 3, 0.2, "test")
+    pool.lease(holding=True)
+    pool.lease(holding=True)
+    assert not pool.free(holding=True) and pool.free(holding=False)
+    with pytest.raises(TransportUnavailable):
+        pool.lease(holding=True)
+    send = pool.lease()  # the last one, at once
+    pool.give_back(send)
+    assert Pool(Opened(), 1, 0.2, "test").lease(holding=True)  # a pool of one: the one
+
+
+def test_routes_into_each_others_pools_all_get_their_sends() -> None:
+    """Two loops of A -> B and two of B -> A on pools of two: were every connection of a pool
+    a held batch's, all four would wait for a send until the timeout."""
+    a, b = Pool(Opened(), 2, 5.0, "a"), Pool(Opened(), 2, 5.0, "b")
+    done: list[str] = []
+
+    def loop(source: Pool, destination: Pool, name: str) -> None:
+        batch = source.lease(holding=True)
+        time.sleep(0.2)  # sending takes a while: every loop that got a batch holds it now
+        send = destination.lease()
+        destination.give_back(send)
+        source.give_back(batch)
+        done.append(name)
+
+    threads = [
+        threading.Thread(target=loop, args=(source, destination, f"{name}{i}"))
+        for source, destination, name in ((a, b, "a->b"), (b, a, "b->a"))
+        for i in range(2)
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(done) == ["a->b0", "a->b1", "b->a0", "b->a1"]
+    assert time.monotonic() - started < 3.0  # not the 5 s timeout
+
+
+def test_a_holding_lease_waiting_for_the_cap_is_served_when_a_holder_gives_back() -> None:
+    pool = Pool(Opened(), 2, 5.0, "test")
+    held = pool.lease(holding=True)
+    got: list[object] = []
+    thread = lease_in_thread_holding(pool, got)
+    wait_for_waiters(pool, 1)
+    send = pool.lease()  # the free one goes to a send; the holding waiter keeps waiting
+    assert len(got) == 0
+    pool.give_back(held)
+    thread.join(5)
+    ((_, db),) = cast(list[tuple[str, object]], got)
+    assert db is held
+    pool.give_back(send)
+
+
+def lease_in_thread_holding(pool: Pool, got: list[object]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: got.append(("holding", pool.lease(holding=True))))
+    thread.start()
+    return thread

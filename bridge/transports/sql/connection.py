@@ -102,8 +102,8 @@ class Connection:
         return result
 
     def _open(self) -> DbConnection:
-        if self._pool is not None:
-            return self._pool.lease()
+        if self._pool is not None:  # a source's transactions hold theirs while it sends
+            return self._pool.lease(holding=self._receiving)
         db = self._dialect.connect()
         if self._receiving:
             try:

@@ -14,9 +14,17 @@ Bounds
     none idle opens one while fewer than `size` are open, and otherwise waits, first come first
     served, for one to be given back. A wait is bounded by `timeout`: then it raises
     `TransportUnavailable` (retriable), so the batch it was for goes back and the route backs
-    off; two loops that each hold a connection of one pool and wait for one of the other's
-    cannot wait on each other for longer than that. `free` says whether a lease would get one
-    at once (a source receives ahead only then).
+    off. `free` says whether a lease would get one at once (a source receives ahead only then).
+
+Holding leases, and why sends never wait on them for good
+    A source's lease is `holding`: its transaction stays open while its loop sends the batch,
+    perhaps into another pool. A sink's is not: its transaction (insert, commit) waits on
+    nothing else. A loop of A -> B holds a connection of A and waits for one of B while a loop
+    of B -> A holds one of B and waits for one of A; if holding leases could fill both pools,
+    each would wait for the other until the timeout, again and again. So holding leases take at
+    most `size - 1` connections of a pool (of a pool of one, the one), and the last always
+    comes round to a send, which ends and gives it back: every send gets a connection in the
+    end, so every held batch is settled in the end.
 
 Broken connections
     A connection that broke is discarded (closed, not given back), which frees its place for a
@@ -42,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -55,9 +62,10 @@ __all__ = ["Pool"]
 class _Waiter:
     """One lease waiting: handed a connection, or the right to open one (`slot`)."""
 
-    __slots__ = ("db", "event", "slot")
+    __slots__ = ("db", "event", "holding", "slot")
 
-    def __init__(self) -> None:
+    def __init__(self, holding: bool) -> None:
+        self.holding = holding
         self.event = threading.Event()
         self.db: DbConnection | None = None
         self.slot = False
@@ -72,12 +80,16 @@ class Pool:
         if size < 1:
             raise ValueError("a pool holds at least one connection")
         self.size = size
+        #: The most connections holding leases may have at once (see the module docstring).
+        self.holding_cap = max(1, size - 1)
         self.timeout = timeout
         self._connect = connect
         self._describe = describe
         self._lock = threading.Lock()
         self._idle: list[DbConnection] = []  # most recently given back last
         self._open = 0  # leased, idle, or being opened
+        self._held = 0  # holding leases granted, their connection opened or being opened
+        self._holders: set[int] = set()  # id() of the connections holding leases have
         self._waiters: deque[_Waiter] = deque()
         self._closed = False
 
@@ -90,62 +102,99 @@ class Pool:
     def idle(self) -> int:
         return len(self._idle)
 
-    def free(self) -> bool:
+    def free(self, holding: bool = True) -> bool:
         """Whether a lease now would get a connection without waiting."""
-        return (
-            not self._closed and not self._waiters and (bool(self._idle) or self._open < self.size)
-        )
+        return not self._closed and self._grantable(holding)
 
-    def lease(self) -> DbConnection:
-        """A connection for the caller alone until it gives it back or discards it."""
-        waiter = None
+    def _grantable(self, holding: bool) -> bool:
+        room = bool(self._idle) or self._open < self.size
+        return room and (not holding or self._held < self.holding_cap)
+
+    def _grant(self, holding: bool) -> DbConnection | None:
+        """Take an idle connection, or a place to open one (None); under the lock."""
+        if holding:
+            self._held += 1
+        if self._idle:
+            return self._idle.pop()
+        self._open += 1
+        return None
+
+    def lease(self, holding: bool = False) -> DbConnection:
+        """A connection for the caller alone until it gives it back or discards it;
+        `holding` for a source's (see the module docstring)."""
         with self._lock:
             if self._closed:
                 raise TransportUnavailable(f"{self._describe}: closed")
-            if not self._waiters and self._idle:
-                return self._idle.pop()
-            if not self._waiters and self._open < self.size:
-                self._open += 1
+            # Whoever waits cannot be served (see `_dispatch`): no one is passed over.
+            if self._grantable(holding):
+                db = self._grant(holding)
             else:
-                waiter = _Waiter()
+                waiter = _Waiter(holding)
                 self._waiters.append(waiter)
-        if waiter is not None:
-            db = self._wait(waiter)
+                db = self._wait(waiter)
             if db is not None:
+                if holding:
+                    self._holders.add(id(db))
                 return db
         try:
-            return self._connect()
+            db = self._connect()
         except BaseException:
-            self._free_place()
+            with self._lock:
+                self._open -= 1
+                if holding:
+                    self._held -= 1
+                self._dispatch()
             raise
+        if holding:
+            with self._lock:
+                self._holders.add(id(db))
+        return db
 
     def _wait(self, waiter: _Waiter) -> DbConnection | None:
-        """The connection handed to `waiter`, or None when it may open one."""
-        deadline = time.monotonic() + self.timeout
-        waiter.event.wait(self.timeout)
-        with self._lock:
-            if not waiter.event.is_set():
-                self._waiters.remove(waiter)
-                waited = self.timeout - max(0.0, deadline - time.monotonic())
-                raise TransportUnavailable(
-                    f"{self._describe} unavailable: no free connection in its pool of "
-                    f"{self.size} after {waited:.1f} s (raise `pool_size`, or lower the "
-                    "routes' concurrency)"
-                )
+        """The connection handed to `waiter`, or None when it got a place to open one; waits
+        with the lock released, and returns with it held."""
+        self._lock.release()
+        try:
+            waiter.event.wait(self.timeout)
+        finally:
+            self._lock.acquire()
+        if not waiter.event.is_set():
+            self._waiters.remove(waiter)
+            raise TransportUnavailable(
+                f"{self._describe} unavailable: no free connection in its pool of {self.size} "
+                f"after {self.timeout:g} s (raise `pool_size`, or lower the routes' concurrency)"
+            )
         if waiter.db is None and not waiter.slot:
             raise TransportUnavailable(f"{self._describe}: closed")
         return waiter.db
 
+    def _dispatch(self) -> None:
+        """Serve the waiters that can be served now, first come first served; under the lock.
+
+        Afterwards every waiter left waits for want of a connection (or, holding, for want of
+        a place under the cap), which `lease` relies on."""
+        while self._waiters and not self._closed:
+            waiter = next((w for w in self._waiters if self._grantable(w.holding)), None)
+            if waiter is None:
+                return
+            self._waiters.remove(waiter)
+            waiter.db = self._grant(waiter.holding)
+            waiter.slot = waiter.db is None
+            waiter.event.set()
+
+    def _release(self, db: DbConnection) -> None:
+        """`db` is no longer leased; under the lock."""
+        if id(db) in self._holders:
+            self._holders.discard(id(db))
+            self._held -= 1
+
     def give_back(self, db: DbConnection) -> None:
         """`db`, its transaction ended, is free for the next lease."""
         with self._lock:
+            self._release(db)
             if not self._closed:
-                if self._waiters:
-                    waiter = self._waiters.popleft()
-                    waiter.db = db
-                    waiter.event.set()
-                else:
-                    self._idle.append(db)
+                self._idle.append(db)
+                self._dispatch()
                 return
             self._open -= 1
         _close(db)
@@ -153,16 +202,10 @@ class Pool:
     def discard(self, db: DbConnection) -> None:
         """`db` broke (or cannot be trusted): close it and free its place."""
         _close(db)
-        self._free_place()
-
-    def _free_place(self) -> None:
         with self._lock:
-            if self._waiters and not self._closed:
-                waiter = self._waiters.popleft()
-                waiter.slot = True
-                waiter.event.set()
-            else:
-                self._open -= 1
+            self._release(db)
+            self._open -= 1
+            self._dispatch()
 
     def close(self) -> None:
         """Close the idle connections; leases waiting fail; what comes back is closed."""

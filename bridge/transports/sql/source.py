@@ -48,9 +48,10 @@ Receiving ahead
 Connections
     A source's connections come from its transport's pool where it has one (PostgreSQL, SQL
     Server: `bridge.transports.sql.pool`): a poll leases one for its transaction and gives it
-    back when it finds nothing, a batch keeps it until settled. A source holding a batch
-    receives ahead only while the pool has a connection free at once (`receives_ahead`), so a
-    loop never waits for a second connection while it holds one. A source's commits do not
+    back when it finds nothing, a batch keeps it until settled (a holding lease: sources have
+    at most all but one of the pool). A source holding a batch receives ahead only while the
+    pool has a connection free for it at once (`receives_ahead`), so a loop never waits for a
+    second connection while it holds one. A source's commits do not
     wait for the log flush (`Dialect.receiving_transaction`, `Dialect.receiving_session`).
 """
 
