@@ -22,6 +22,10 @@ Busy route
     same server, `--pairs` (3) times each, alternating (before first in the first pair, after
     first in the second, ...), `--messages` (20,000) each run: msgs/s
     and the bridge's CPU µs/msg, and the median ratio after / before (min-max).
+Per transaction
+    What the pool adds to one transaction, in this process through this checkout's
+    `Connection` (lease, give back, and a receive's `SET LOCAL`), against a connection of its
+    own (`overhead`): the cost behind the busy route's numbers, without the route's noise.
 
 The server is a fresh cluster with initdb's defaults (`bench/pgserver.py`; as root it runs as
 `postgres`), so running it out of connections disturbs nothing else; it is removed at the end.
@@ -284,6 +288,75 @@ def report_busy(
         )
 
 
+def overhead(dsn: str, rounds: int, calls: int) -> dict[str, tuple[float, float]]:
+    """Per transaction (`SELECT 1`, commit) through this checkout's `Connection`, in µs of wall
+    and of process CPU (median of `rounds` of `calls`): on a database connection of its own, as
+    every source and sink had before the pool; leased from a pool; leased, with the
+    receive's `SET LOCAL synchronous_commit = off` before the commit."""
+    import asyncio
+
+    from bridge.config.models import PostgresConnection
+    from bridge.transports.sql.connection import Connection
+    from bridge.transports.sql.dialects.base import DbConnection
+    from bridge.transports.sql.dialects.postgresql import PostgresDialect
+    from bridge.transports.sql.pool import Pool
+
+    dialect = PostgresDialect("overhead", PostgresConnection(type="postgresql", dsn=dsn))
+
+    def plain(db: DbConnection) -> None:
+        db.cursor().execute("SELECT 1")
+        db.commit()
+
+    def receive(db: DbConnection) -> None:
+        db.cursor().execute("SELECT 1")
+        dialect.receiving_transaction(db)
+        db.commit()
+
+    async def go() -> dict[str, tuple[float, float]]:
+        own = Connection(dialect)
+        pool = Pool(dialect.connect, 2, 10.0, "overhead")
+        pooled = Connection(dialect, pool=pool, receiving=True)
+        variants = {
+            "own connection (before)": (own, plain),
+            "pooled": (pooled, plain),
+            "pooled, with SET LOCAL (after, a receive)": (pooled, receive),
+        }
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, (connection, work) in variants.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(calls):
+                    await connection.run(work)
+                times[name].append(
+                    (
+                        (time.perf_counter() - wall) / calls * 1e6,
+                        (time.process_time() - cpu) / calls * 1e6,
+                    )
+                )
+        await own.close()
+        await pooled.close()
+        pool.close()
+        return {
+            name: (statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
+            for name, got in times.items()
+        }
+
+    return asyncio.run(go())
+
+
+def report_overhead(found: dict[str, tuple[float, float]], rounds: int, calls: int) -> None:
+    print(f"\nOne transaction through a Connection, median of {rounds} rounds of {calls}\n")
+    print(
+        "| connection | µs a transaction | CPU µs a transaction | CPU µs more than its own"
+        " connection | of a message, at 500 a batch |"
+    )
+    print("|---|---|---|---|---|")
+    base = next(iter(found.values()))[1]
+    for name, (wall, cpu) in found.items():
+        more = cpu - base
+        print(f"| {name} | {wall:.0f} | {cpu:.0f} | {more:+.0f} | {more / 500:+.3f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="a checkout of the bridge without it")
@@ -296,6 +369,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--no-many", action="store_true", help="skip the many-routes part")
     parser.add_argument("--no-throughput", action="store_true", help="skip the busy route")
+    parser.add_argument("--no-overhead", action="store_true", help="skip the per-transaction cost")
     parser.add_argument("--pg-bin", help="directory of initdb and pg_ctl (default: PATH)")
     args = parser.parse_args()
     before, after = Path(args.before).resolve(), Path(args.after).resolve()
@@ -315,6 +389,8 @@ def main() -> int:
                 many[name] = many_routes(checkout, server, args)
                 print(f"  {name}: done", flush=True)
             report_many(many, allowed, args)
+        if not args.no_overhead:
+            report_overhead(overhead(server.dsn, 9, 2000), 9, 2000)
         if not args.no_throughput:
             pairs = []
             for i in range(args.pairs):  # each pair in the other order: B A, A B, B A ...
