@@ -24,6 +24,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
 from tests.conftest import unique
+from tests.support.queues import drain
 
 pytestmark = pytest.mark.integration
 
@@ -89,18 +90,7 @@ class Setup:
         return connection.channel()
 
     async def drain(self, queue: str) -> list[Envelope]:
-        source = self.db.source(queue)
-        got: list[Envelope] = []
-        try:
-            while True:
-                batch = await source.receive_batch(500, 0.2)
-                async with batch:
-                    got.extend(batch.messages)
-                    await batch.commit()
-                if not batch.messages:
-                    return got
-        finally:
-            await source.close()
+        return await drain(self.db, queue)
 
     async def close(self) -> None:
         await self.db.close()
