@@ -120,7 +120,7 @@ def test_any_amqp_message(
         delivery_mode=delivery_mode,
     )
     try:
-        envelope = amqp_headers.incoming(properties, body)
+        envelope = amqp_headers.incoming(properties, body, 0.0)
     except HeadersFormatError as exc:
         assert isinstance(amqp_headers.incoming_poison(properties, body, exc), PoisonMessage)
     else:
