@@ -25,10 +25,13 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -366,3 +369,24 @@ async def test_rabbitmq_expiration_becomes_the_kafka_deadline_and_is_dropped_onc
     assert row.headers["NServiceBus.MessageId"] == "lasting"
     assert '"NServiceBus.TimeToBeReceived":"00:00:03"' in row.text
     assert row.expires is None
+
+
+# -- bridge send --ttl -----------------------------------------------------------------------
+
+
+def test_bridge_send_ttl_sets_the_header_as_an_endpoint_does_and_the_expiration(
+    tmp_path: Path, rabbitmq_url: str, channel: Any, rabbitmq_queues: Callable[[str], str]
+) -> None:
+    queue = rabbitmq_queues("sent")
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        f'connections:\n  rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", topology: direct}}\n'
+        "routes: []\n"
+    )
+    channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    command = [sys.executable, "-m", "bridge", "send", "rabbit", queue, "--ttl", "00:00:30"]
+    sent = subprocess.run([*command, "-c", str(routes)], capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    _, properties, _ = channel.basic_get(queue, auto_ack=True)
+    assert properties.headers[TTBR] == "00:00:30"
+    assert 29_000 <= int(properties.expiration) <= 30_000
