@@ -39,7 +39,9 @@ Poison
 
 What is lossy
     Nothing at the source: a message leaves the queue only by an acknowledgement. Expired
-    messages are dropped by RabbitMQ itself (`expiration`), so `batch.expired` is always 0.
+    messages are dropped by RabbitMQ itself (`expiration`), so `batch.expired` is always 0. A
+    message's `expiration` counts from the moment it arrived in the inbox (`headers.incoming`);
+    one whose lifetime runs out in the bridge is dropped by the runner.
 """
 
 from __future__ import annotations
@@ -132,9 +134,11 @@ class RabbitMQSource:
         deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []
         poison: list[tuple[PoisonMessage, pika.BasicProperties, bytes]] = []
+        wall_clock = time.time() - time.monotonic()  # `arrived` is monotonic
         for delivery in deliveries:
             try:
-                messages.append(incoming(delivery.properties, delivery.body))
+                received = wall_clock + delivery.arrived
+                messages.append(incoming(delivery.properties, delivery.body, received))
             except HeadersFormatError as exc:
                 item = incoming_poison(delivery.properties, delivery.body, exc)
                 poison.append((item, delivery.properties, delivery.body))

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.nservicebus.lifetime import expires_at, never_expires
 from bridge.transports.sql import headers as headers_codec
 
 if TYPE_CHECKING:
@@ -159,10 +160,11 @@ def outgoing(envelope: Envelope, now: float, native_id: str | None = None) -> Ou
     (`native_id` from `new_ids` when many rows are made at once).
 
     A lifetime already spent is written as 0 ms: the row expires at once and the receiver drops
-    it, as it would have dropped the message itself.
+    it, as it would have dropped the message itself. An error-queue or audit copy is written
+    without one (`bridge.nservicebus.lifetime`).
     """
-    remaining = envelope.ttl_remaining(now)
-    ttl_ms = None if remaining is None else max(0, round(remaining * 1000))
+    deadline = expires_at(envelope)
+    ttl_ms = None if deadline is None else max(0, round((deadline - now) * 1000))
     return OutgoingRow(
         native_id or new_id(), ttl_ms, headers_codec.write(envelope.headers), bytes(envelope.body)
     )
@@ -222,7 +224,8 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
     A row without `NServiceBus.MessageId`, or with an empty one (a native-integration insert),
     gets its row Id as message id, as an NServiceBus endpoint reading it does. The headers keep
     the column text until they change (`headers.read`), so a row forwarded to another queue
-    table unchanged keeps its Headers text byte for byte.
+    table unchanged keeps its Headers text byte for byte. Its lifetime is what `Expires` leaves
+    of it, none for an error-queue or audit copy.
     """
     try:
         headers = headers_codec.read(row.headers)
@@ -236,8 +239,10 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
         )
     if not headers.get(MESSAGE_ID):  # a native insert without one: its row Id, as endpoints do
         headers.set(MESSAGE_ID, row.native_id)
-    expires_at = None if row.remaining_ms is None else now + row.remaining_ms / 1000
-    return Envelope(headers, row.body, expires_at=expires_at, native_id=row.native_id)
+    deadline = None
+    if row.remaining_ms is not None and not never_expires(headers):
+        deadline = now + row.remaining_ms / 1000
+    return Envelope(headers, row.body, expires_at=deadline, native_id=row.native_id)
 
 
 def _as_text_if_utf8(raw: str | bytes | None) -> str | bytes | None:
