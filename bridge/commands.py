@@ -19,7 +19,7 @@ from bridge.config.registry import Registry
 from bridge.errors import BridgeError, UsageError
 from bridge.nservicebus.messages import endpoint_message
 from bridge.nservicebus.wireformat import parse_timespan
-from bridge.protocols import QueueStats, Transport
+from bridge.protocols import PreparesSources, QueueStats, Transport
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
 
@@ -38,7 +38,7 @@ def load_routes(path: str, *, offline: bool = False) -> LoadedConfig:
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     for connection in loaded.config.connections.values():
-        for attr in ("dsn", "url"):
+        for attr in ("dsn", "url", "management_url"):
             value = getattr(connection, attr, None)
             if isinstance(value, str):
                 redactor.add_from_dsn(value)
@@ -79,6 +79,19 @@ def describe_counts(config: BridgeConfig) -> str:
         out += f", {len(config.derived_routes)} derived from "
         out += count(len(config.endpoints), "endpoint")
     return out
+
+
+def sources(config: BridgeConfig, *, installing: bool = False) -> dict[str, list[str]]:
+    """The addresses each connection's routes receive from (`installing`: of the routes whose
+    sources `bridge install` makes: not proxies unless `proxies: {create: true}`)."""
+    found: dict[str, list[str]] = {}
+    for route in config.all_routes:
+        if installing and isinstance(route, DerivedRoute) and not config.proxies.create:
+            continue
+        bucket = found.setdefault(route.from_.connection, [])
+        if route.from_.address not in bucket:
+            bucket.append(route.from_.address)
+    return found
 
 
 def _known_connection(config: BridgeConfig, name: str) -> None:
@@ -129,18 +142,24 @@ async def check(config_path: str, *, connect: bool) -> int:
 async def install(config_path: str, *, print_only: bool) -> int:
     """Create what every route needs, or with `print_only` print each transport's statements."""
     config = load_routes(config_path, offline=print_only).config
+    received = sources(config, installing=True)
     for name, needed in addresses(config, installing=True).items():
         transport = _transport(config, name)
+        prepared: list[str] = []
         try:
             statements = await transport.install(needed, print_only=print_only)
+            if isinstance(transport, PreparesSources) and received.get(name):
+                prepared = await transport.prepare_sources(received[name], print_only=print_only)
         finally:
             await transport.close()
         if print_only:
             print(f"-- connection {name} ({config.connections[name].type})")
-            for statement in statements:  # each transport's own runnable form
+            for statement in statements + prepared:  # each transport's own runnable form
                 print(statement + "\n")
         else:
             print(f"{name}: installed {', '.join(needed)}")
+            for done in prepared:
+                print(f"{name}: created {done}")
     return 0
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "CheckpointStore",
     "FencedCheckpoint",
     "GroupLag",
+    "PreparesSources",
     "QueueStats",
     "Readiness",
     "ReceivedBatch",
@@ -154,6 +155,20 @@ class GroupLag(Protocol):
     """
 
     async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int: ...
+
+
+@runtime_checkable
+class PreparesSources(Protocol):
+    """A transport that prepares the addresses routes receive from, beyond creating them
+    (RabbitMQ: quorum queues get an unlimited delivery limit, as NServiceBus gives them).
+
+    `bridge install` calls it after `install`, with the sources among the addresses; with
+    `print_only` it returns what it would do without connecting. Idempotent.
+    """
+
+    async def prepare_sources(
+        self, addresses: Sequence[str], *, print_only: bool = False
+    ) -> list[str]: ...
 
 
 @dataclass(frozen=True)

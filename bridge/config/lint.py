@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint", "route_warnings"]
 
 #: Connection fields that may hold a credential; nothing else in routes.yaml may.
-SECRET_KEYS = ("dsn", "url", "sasl_password")
+SECRET_KEYS = ("dsn", "url", "management_url", "sasl_password")
 _KEY_VALUE_SECRET = re.compile(
     r"\b(?:password|pwd)\s*=\s*(?P<value>\{[^}]*\}|'[^']*'|[^;\s&]+)", re.I
 )

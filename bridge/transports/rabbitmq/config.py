@@ -8,6 +8,11 @@ a connection the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT`
 of waiting forever, and names the connection `bridge <connection> <role>` in the management UI.
 The password only ever goes to pika; messages and logs name the connection, never the URL.
 
+Management API: `management_url`, or by default the URL's host on port 15672 (15671 for
+`amqps`) with the URL's credentials, as NServiceBus RabbitMQ derives it. Through it the bridge
+keeps the delivery limit of quorum queues it receives from unlimited, or refuses them
+(`delivery_limit.py`), unless `validate_delivery_limits` is false.
+
 Topology (wire-format §7): `conventional` publishes to a durable fanout exchange named like the
 queue, routing key `""`; `direct` publishes to the default exchange with the queue's name as
 routing key. Queues are durable and declared with `x-queue-type` = `queue_type`.
@@ -60,6 +65,18 @@ class RabbitMQConnection(Strict):
     )
     queue_type: Literal["quorum", "classic"] = Field("quorum", description="Declared type.")
     prefetch: int = Field(500, gt=0, description="Consumer prefetch count.")
+    management_url: str | None = Field(
+        None,
+        min_length=1,
+        description="Management API URL (http:// or https://), for quorum queues' delivery "
+        "limits; default: the url's host on port 15672 (15671 for amqps), the url's credentials. "
+        "Keep secrets in ${VAR}.",
+    )
+    validate_delivery_limits: bool = Field(
+        True,
+        description="Refuse quorum source queues whose delivery limit could drop messages, "
+        "and lift RabbitMQ 4's default limit with a policy, as NServiceBus does.",
+    )
 
 
 def lint(config: RabbitMQConnection) -> Iterator[Problem]:
@@ -72,6 +89,20 @@ def lint(config: RabbitMQConnection) -> Iterator[Problem]:
         return
     if split.scheme not in ("amqp", "amqps"):
         yield "url", "url must start with amqp:// or amqps://"
+    if config.management_url is not None:
+        yield from _lint_management_url(config.management_url)
+
+
+def _lint_management_url(url: str) -> Iterator[Problem]:
+    """The management API is HTTP (as NServiceBus RabbitMQ requires, ManagementClient.cs:43-46)."""
+    try:
+        split = urlsplit(url)
+        split.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        yield "management_url", f"invalid management_url: {exc}"
+        return
+    if split.scheme not in ("http", "https") or not split.hostname:
+        yield "management_url", "management_url must start with http:// or https:// and name a host"
 
 
 def address_problem(kind: str, name: str) -> str | None:

@@ -17,6 +17,8 @@ Options
     it; sends go to the exchange) or `direct` (sends go to the default exchange with the queue
     name as routing key). `queue_type`: `quorum` or `classic`, declared as `x-queue-type`.
     `prefetch`: the consumer's prefetch count (raised to the batch size when smaller).
+    `management_url` (default: the URL's host, port 15672, or 15671 for `amqps`, with the
+    URL's credentials) and `validate_delivery_limits` (default true): see `delivery_limit.py`.
 
 Addresses
     An address is a queue name, also in NServiceBus headers (`canonical_address` is the
@@ -27,6 +29,10 @@ Administration
     and binding (`admin.py`); declaring what exists is a no-op (a queue's other `x-` arguments
     are kept), and a queue that exists with another type raises `TransportError` saying so
     (RabbitMQ cannot change it). `print_only` returns the declarations without connecting.
+    `prepare_sources` (after `install`, for the queues routes receive from) keeps quorum
+    queues' delivery limit unlimited through the management API, as NServiceBus does, or
+    refuses a queue whose limit could drop messages (`delivery_limit.py`); a source does the
+    same before it consumes on a new channel.
     `check` declares passively and raises `TransportError` naming every missing queue and
     exchange; a queue of another type is a warning (found by re-declaring the existing queue as
     it is, which changes nothing). `peek` reports the ready messages (`depth`).
@@ -65,6 +71,7 @@ from bridge.transports.rabbitmq.admin import (
 )
 from bridge.transports.rabbitmq.config import RabbitMQConnection, describe
 from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.delivery_limit import DeliveryLimits
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.sink import RabbitMQSink
 from bridge.transports.rabbitmq.source import RabbitMQSource
@@ -79,6 +86,7 @@ class Transport:
         self._where = describe(name)
         parameters(config, name, "admin")  # a malformed URL fails now, not at first use
         self._admin: Link | None = None
+        self._limits = DeliveryLimits(config, self._where)
         self._opened: weakref.WeakSet[RabbitMQSource | RabbitMQSink] = weakref.WeakSet()
 
     def source(
@@ -89,7 +97,7 @@ class Transport:
         error_queue: str | None = None,
         checkpoint_store: CheckpointStore | None = None,
     ) -> RabbitMQSource:
-        source = RabbitMQSource(self.config, self.name, address, error_queue)
+        source = RabbitMQSource(self.config, self.name, address, error_queue, self._limits)
         self._opened.add(source)
         return source
 
@@ -122,6 +130,21 @@ class Transport:
             except TransportError as exc:
                 raise conflict(self.config, self._where, step, exc) from exc
         return [step.text for step in steps]
+
+    async def prepare_sources(
+        self, addresses: Sequence[str], *, print_only: bool = False
+    ) -> list[str]:
+        """Give each quorum queue routes receive from an unlimited delivery limit where
+        NServiceBus would, or refuse it (`delivery_limit.py`); what was (or would be) done."""
+        done: list[str] = []
+        if not self._limits.wanted:
+            return done
+        for queue in dict.fromkeys(addresses):
+            if print_only:
+                done.append(self._limits.describe(queue))
+            elif (action := await self._limits.ensure(queue)) is not None:
+                done.append(action)
+        return done
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
         link = self._link()
