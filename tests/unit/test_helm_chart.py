@@ -25,7 +25,9 @@ from bridge.config.models import (
     HttpConfig,
     KafkaConnection,
     PostgresConnection,
+    Proxies,
     RabbitMQConnection,
+    RegisteredEndpoint,
     Route,
     SqliteConnection,
     SqlServerConnection,
@@ -335,6 +337,8 @@ CONNECTION_MODELS = {
     "kafkaConnection": KafkaConnection,
     "rabbitmqConnection": RabbitMQConnection,
     "endpoint": Endpoint,
+    "registeredEndpoint": RegisteredEndpoint,
+    "proxies": Proxies,
     "route": Route,
     "headerRules": HeaderRules,
 }
@@ -349,3 +353,46 @@ def test_schema_knows_the_same_routes_keys_as_the_config_models(definition: str)
     assert set(schema["definitions"][definition]["properties"]) == keys
     http = schema["properties"]["routes"]["properties"]["http"]["properties"]
     assert set(http) == set(HttpConfig.model_fields)
+
+
+REGISTRY: dict[str, Any] = {
+    "connections": MY_ROUTES["connections"],
+    "routes": [],
+    "endpoints": {
+        "Sales": {"connection": "legacy"},
+        "Billing": {"connection": "rabbit", "concurrency": "${BILLING_LOOPS:-2}"},
+    },
+    "proxies": {"create": True},
+}
+
+
+def test_a_registry_alone_renders_with_its_connections_and_passes_check(
+    chart: helm.Chart,
+) -> None:
+    rendered = routes_yaml(render(chart, {"routes": REGISTRY}))
+    # The example's connection stays out; "every connection" is written out as the ones used.
+    assert set(rendered["connections"]) == {"legacy", "rabbit"}
+    assert rendered["routes"] == []
+    assert rendered["proxies"] == {"create": True, "connections": ["legacy", "rabbit"]}
+    env = {"LEGACY_ODBC": "Driver=x", "RABBIT_URL": "amqp://r/"}
+    config = parse_config(yaml.safe_dump(rendered), env=env).config
+    assert sorted(r.name for r in config.all_routes) == [
+        "proxy.legacy.Billing",
+        "proxy.rabbit.Sales",
+    ]
+
+
+def test_an_endpoint_on_an_undefined_connection_fails_the_render(chart: helm.Chart) -> None:
+    registry = copy.deepcopy(REGISTRY)
+    registry["endpoints"]["Sales"]["connection"] = "legacyy"
+    with pytest.raises(helm.HelmRenderError, match=r'endpoint "Sales" names connection "legacyy"'):
+        chart.render({"routes": registry}, name=RELEASE)
+
+
+def test_registry_typos_fail_schema_validation(chart: helm.Chart) -> None:
+    for typo in (
+        {"endpoints": {"Sales": {"conection": "legacy"}}},
+        {"proxies": {"crate": True}},
+    ):
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(chart.merge_values({"routes": {**REGISTRY, **typo}}))

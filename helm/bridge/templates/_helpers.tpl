@@ -54,7 +54,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 routes.yaml as the pod reads it: .Values.routes with http bound to 0.0.0.0:<port>, keeping only
 the connections some route uses. Helm merges a user's `routes.connections` map into the
 example's, so keeping every key would smuggle the example's connections (and their ${VAR}s)
-into the user's file; `routes.routes` is a list, which Helm replaces whole, so it decides.
+into the user's file; `routes.routes` is a list, which Helm replaces whole, so it decides, with
+the endpoint registry's connections (`proxies.connections`, else every connection a route or an
+endpoint uses, written out).
 */}}
 {{- define "bridge.routesYaml" -}}
 {{- $routes := deepCopy .Values.routes }}
@@ -67,6 +69,28 @@ into the user's file; `routes.routes` is a list, which Helm replaces whole, so i
 {{- fail (printf "routes: route %q: %s names connection %q, which routes.connections does not define" $route.name $end $name) }}
 {{- end }}
 {{- $_ := set $used $name (index $defined $name) }}
+{{- end }}
+{{- end }}
+{{- $endpoints := $routes.endpoints | default dict }}
+{{- range $name, $endpoint := $endpoints }}
+{{- if not (hasKey $defined $endpoint.connection) }}
+{{- fail (printf "routes: endpoint %q names connection %q, which routes.connections does not define" $name $endpoint.connection) }}
+{{- end }}
+{{- $_ := set $used $endpoint.connection (index $defined $endpoint.connection) }}
+{{- end }}
+{{- if $endpoints }}
+{{- $proxies := $routes.proxies | default dict }}
+{{- if $proxies.connections }}
+{{- range $name := $proxies.connections }}
+{{- if not (hasKey $defined $name) }}
+{{- fail (printf "routes: proxies: connection %q is not in routes.connections" $name) }}
+{{- end }}
+{{- $_ := set $used $name (index $defined $name) }}
+{{- end }}
+{{- else }}
+{{- /* "every connection" would take in the example's too: the ones routes and endpoints use */}}
+{{- $_ := set $proxies "connections" (keys $used | sortAlpha) }}
+{{- $_ := set $routes "proxies" $proxies }}
 {{- end }}
 {{- end }}
 {{- $_ := set $routes "connections" $used }}
