@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "AccessRefused",
     "BridgeError",
     "ConfigError",
     "HeadersFormatError",
@@ -45,6 +46,12 @@ class HeadersFormatError(BridgeError):
 
 class TransportError(BridgeError):
     """A transport operation failed for a reason that will not go away by retrying."""
+
+
+class AccessRefused(TransportError):
+    """The server refused the login or the access: a wrong password, an unknown user, database
+    or vhost, missing grants or ACLs. Retrying does not fix it: it lasts until someone changes
+    the account, its rights or the config (a service keeps trying, slowly: see the runner)."""
 
 
 class TransportUnavailable(TransportError):

@@ -57,7 +57,7 @@ HEALTHY_RUN_SECONDS = 60.0
 #: How long the primary waits for a worker's status before counting it as down.
 STATUS_TIMEOUT = 2.0
 
-_SEVERITY = {"failed": 4, "backoff": 3, "starting": 2, "stopped": 1, "running": 0}
+_SEVERITY = {"failed": 5, "failing": 4, "backoff": 3, "starting": 2, "stopped": 1, "running": 0}
 _COUNTERS = ("forwarded", "expired", "poison", "retried", "retried_messages", "batches")
 
 
@@ -307,7 +307,7 @@ def merge_routes(
                 continue
             for key in _COUNTERS:
                 into[key] += route[key]
-            if _SEVERITY.get(route["state"], 4) > _SEVERITY.get(into["state"], 4):
+            if _SEVERITY.get(route["state"], 5) > _SEVERITY.get(into["state"], 5):
                 into["state"] = route["state"]
             if (route["last_error_at"] or 0) > (into["last_error_at"] or 0):
                 into["last_error"], into["last_error_at"] = (

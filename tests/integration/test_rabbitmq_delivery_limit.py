@@ -37,7 +37,7 @@ import pytest
 
 from bridge.config.loader import load_config
 from bridge.config.models import RabbitMQConnection
-from bridge.errors import TransportError
+from bridge.errors import AccessRefused, TransportError
 from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
 from bridge.transports.rabbitmq.delivery_limit import policy_name
@@ -285,6 +285,7 @@ async def test_a_management_api_that_cannot_be_used_refuses_quorum_sources(
     assert "validate_delivery_limits: false" in text
     assert "wrong" not in text  # the password never reaches a message
     assert refused.value.retriable is retriable
+    assert isinstance(refused.value, AccessRefused) is (said == "refused the request")
 
 
 async def test_unchecked_a_limited_quorum_queue_drops_what_the_bridge_returns_to_it(

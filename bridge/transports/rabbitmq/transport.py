@@ -45,8 +45,9 @@ Limits
 
 Errors
     See `errors.py`: a broker that is down, restarting or blocked is `TransportUnavailable`
-    (retriable); missing queues, refused logins and conflicting declarations are
-    `TransportError` (not retriable); a message AMQP cannot carry is `MessageRejected`.
+    (retriable); a refused login, vhost or permission is `AccessRefused`; missing queues and
+    conflicting declarations are `TransportError` (neither retriable); a message AMQP cannot
+    carry is `MessageRejected`.
 
 What is lossy
     See `headers.py`: AMQP properties the mapping does not name, and repeated header names.

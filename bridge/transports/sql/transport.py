@@ -40,7 +40,8 @@ Limits
 Errors (which are retriable)
     `errors`: unreachable server, broken connection, timeouts, deadlocks, serialization
     failures, a busy SQLite file are `TransportUnavailable`; a value the table refuses for good
-    is `MessageRejected`; the rest is `TransportError`. A fenced checkpoint another writer moved
+    is `MessageRejected`; a refused login or access is `AccessRefused`; the rest is
+    `TransportError`. A fenced checkpoint another writer moved
     is `CheckpointConflict` (`PositionMoved`, retriable, for a Kafka source's batch).
 
 What is lossy
