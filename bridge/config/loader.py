@@ -328,7 +328,7 @@ def parse_config(
     except ValidationError as exc:
         raise _validation_error(exc, positions, builder.raw) from None
     lint(config, positions)
-    warnings = builder.notes + credential_warnings(builder.raw, positions)
+    warnings = builder.notes + credential_warnings(builder.raw, positions, builder.env)
     warnings += route_warnings(config, positions)
     return LoadedConfig(config, positions, builder.used, warnings)
 
