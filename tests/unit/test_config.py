@@ -182,7 +182,7 @@ def test_credentials_written_in_the_file_are_warned_about(connection: str, key: 
             f"{where}the default of `{key}`, used because {name} is not set; set {name}, or "
             "use ${VAR} and keep secrets in the environment"
         )
-        given = "amqp://app@h/%2F" if key == "url" else "host=db"
+        given = "amqp://h/%2F" if key == "url" else "host=db"
         assert parse_config(text, env={name: given}).warnings == []
 
 

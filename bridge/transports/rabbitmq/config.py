@@ -2,7 +2,8 @@
 
 Driver-free: `bridge check` and the config loader import it without pika.
 Connection (`connection.py`): the URL is parsed by pika (`amqp://` or `amqps://`, its query
-options such as `heartbeat` or `ssl_options` included). Where the URL does not say otherwise the
+options such as `heartbeat` or `ssl_options` included); `url.py` holds pika's rules, so `bridge
+check` refuses what pika would. Where the URL does not say otherwise the
 bridge asks for one connection attempt per call (the runner's backoff does the retrying), closes
 a connection the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT` seconds instead
 of waiting forever, and names the connection `bridge <connection> <role>` in the management UI.
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from bridge.config.base import Problem, Strict
+from bridge.transports.rabbitmq.url import url_problems
 
 __all__ = [
     "ADDRESS_KEY",
@@ -80,15 +82,10 @@ class RabbitMQConnection(Strict):
 
 
 def lint(config: RabbitMQConnection) -> Iterator[Problem]:
-    """The URL's scheme and shape, found before anything connects."""
-    try:
-        split = urlsplit(config.url)
-        split.port  # noqa: B018 (raises ValueError for a port that is not a number)
-    except ValueError as exc:
-        yield "url", f"invalid url: {exc}"
-        return
-    if split.scheme not in ("amqp", "amqps"):
-        yield "url", "url must start with amqp:// or amqps://"
+    """The URL as pika reads it (`url.py`) and the management URL, found before anything
+    connects."""
+    for problem in url_problems(config.url):
+        yield "url", problem
     if config.management_url is not None:
         yield from _lint_management_url(config.management_url)
 
