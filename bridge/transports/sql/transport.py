@@ -154,7 +154,9 @@ class Transport(RangeReads):
         return statements
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
-        """Reach the database; raise when a table is missing; return warnings."""
+        """Reach the database (never creating it); raise when a table is missing; return
+        warnings."""
+        self.dialect.before_check()
         return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
 
     async def peek(self, address: str) -> QueueStats:
