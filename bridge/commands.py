@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from bridge.config.registry import Registry
 from bridge.errors import BridgeError, UsageError
 from bridge.nservicebus.messages import endpoint_message
 from bridge.nservicebus.wireformat import parse_timespan
-from bridge.protocols import PreparesSources, QueueStats, Transport
+from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
 
@@ -249,6 +250,12 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
     transport = _transport(config, connection)
     try:
         stats = await transport.peek(queue)
+        if (
+            stats.depth
+            and stats.oldest_age_seconds is None
+            and isinstance(transport, ReadsOldestAge)
+        ):
+            stats = replace(stats, oldest_age_seconds=await transport.oldest_age(queue))
     finally:
         await transport.close()
     print(describe_stats(connection, queue, stats, as_json=as_json))

@@ -52,6 +52,7 @@ __all__ = [
     "PreparesSources",
     "QueueStats",
     "Readiness",
+    "ReadsOldestAge",
     "ReceivedBatch",
     "ReceivesAhead",
     "Sink",
@@ -169,6 +170,15 @@ class PreparesSources(Protocol):
     async def prepare_sources(
         self, addresses: Sequence[str], *, print_only: bool = False
     ) -> list[str]: ...
+
+
+@runtime_checkable
+class ReadsOldestAge(Protocol):
+    """A transport whose `peek` leaves out the oldest message's age because reading it costs
+    more than a look (RabbitMQ takes the first message and gives it back). `bridge peek` asks
+    for it; the service's depth gauge, which peeks every few seconds, never does."""
+
+    async def oldest_age(self, address: str) -> float | None: ...
 
 
 @dataclass(frozen=True)

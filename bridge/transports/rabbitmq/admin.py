@@ -2,8 +2,9 @@
 
 `plan` lists the steps `install` runs (queue, then exchange and binding for `conventional`);
 `declare_adopting` declares a queue and keeps the `x-` arguments it already has; `conflict`
-turns a 406 PRECONDITION_FAILED into an error that says what exists and what was asked for.
-Each `declare_*` and `bind` returns an `Op` that a `Link` runs on its ioloop thread.
+turns a 406 PRECONDITION_FAILED into an error that says what exists and what was asked for,
+and `queue_type_of` reads the type an existing queue has from it. Each `declare_*`, `bind`,
+`server_version` and `look_at_head` returns an `Op` that a `Link` runs on its ioloop thread.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pika
+from pika import spec
 
 from bridge.errors import TransportError
 from bridge.transports.rabbitmq.config import RabbitMQConnection, queue_arguments
@@ -28,7 +31,10 @@ __all__ = [
     "declare_adopting",
     "declare_exchange",
     "declare_queue",
+    "look_at_head",
     "plan",
+    "queue_type_of",
+    "server_version",
 ]
 
 _CURRENT = re.compile(r"inequivalent arg '([^']+)'.*but current is (?:the value )?'?([\w-]+)")
@@ -77,6 +83,35 @@ def declare_exchange(exchange: str, passive: bool) -> Op:
 def bind(queue: str, exchange: str) -> Op:
     def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
         channel.queue_bind(queue, exchange, routing_key="", callback=lambda _: done.ok())
+
+    return op
+
+
+def server_version(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+    """Settles with the broker's version, as its Connection.Start said it (`3.13.7`)."""
+    properties: dict[str, Any] = channel.connection.server_properties or {}
+    version = properties.get("version", b"")
+    done.ok(version.decode("utf-8", "replace") if isinstance(version, bytes) else str(version))
+
+
+def look_at_head(queue: str) -> Op:
+    """Take the queue's first ready message and give it straight back (`basic.get`, then
+    `basic.nack` with requeue): settles with its (properties, body), or None when none is
+    ready. The message returns to its place with its `redelivered` flag set; see
+    `Transport.oldest_age` for what else it costs and when it is not done."""
+
+    def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+        def got(
+            channel: pika.channel.Channel,
+            method: spec.Basic.GetOk,
+            properties: pika.BasicProperties,
+            body: bytes,
+        ) -> None:
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            done.ok((properties, body))
+
+        channel.add_callback(lambda _: done.ok(None), [spec.Basic.GetEmpty], one_shot=True)
+        channel.basic_get(queue, got, auto_ack=False)
 
     return op
 
@@ -146,6 +181,15 @@ async def declare_adopting(link: Link, config: RabbitMQConnection, where: str, s
     raise TransportError(f"{where}: queue {step.name!r} has too many arguments")
 
 
+def queue_type_of(error: BaseException) -> str | None:
+    """The type of an existing queue a declaration with another `x-queue-type` was refused for
+    (`classic`, `quorum`, `stream`), or None when that is not what `error` says."""
+    match = _CURRENT.search(str(error))
+    if reply_code(error) != 406 or match is None or match.group(1) != "x-queue-type":
+        return None
+    return "classic" if match.group(2) == "none" else match.group(2)
+
+
 def conflict(
     config: RabbitMQConnection, where: str, step: Step, error: TransportError
 ) -> TransportError:
@@ -155,7 +199,7 @@ def conflict(
         return error
     argument, current = match.groups()
     if step.kind == "queue" and argument == "x-queue-type":
-        current = "classic" if current == "none" else current
+        current = queue_type_of(error) or current
         wanted = config.queue_type
         return TransportError(
             f"{where}: queue {step.name!r} already exists as a {current} queue, but "

@@ -59,6 +59,7 @@ __all__ = [
     "UNLIMITED",
     "DeliveryLimits",
     "Verdict",
+    "broker_version",
     "delivery_limit",
     "escape_pattern",
     "policy_for",
@@ -226,7 +227,7 @@ def verdict(queue: Mapping[str, Any], version: tuple[int, int]) -> Verdict:
     return Verdict("policy")
 
 
-def _version(text: object) -> tuple[int, int]:
+def broker_version(text: object) -> tuple[int, int]:
     """Major and minor of `rabbitmq_version`, without its pre-release tail (as
     BrokerVerifier.cs:53-65 reads it)."""
     parts = str(text).split("-", 1)[0].split("+", 1)[0].split(".")
@@ -314,7 +315,7 @@ class DeliveryLimits:
     async def _broker_version(self) -> tuple[int, int]:
         """Asked at every check: the broker may have been upgraded since the last one."""
         overview = await self._api.overview()
-        return _version(overview.get("rabbitmq_version"))
+        return broker_version(overview.get("rabbitmq_version"))
 
     async def _details(self, queue: str, version: tuple[int, int]) -> dict[str, Any] | None:
         """The queue's details once the management database knows its policy (see the module
