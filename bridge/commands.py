@@ -154,7 +154,8 @@ async def install(config_path: str, *, print_only: bool) -> int:
         finally:
             await transport.close()
         if print_only:
-            print(f"-- connection {name} ({config.connections[name].type})")
+            comment = getattr(transport, "print_comment", "--")  # shell commands: "#"
+            print(f"{comment} connection {name} ({config.connections[name].type})")
             for statement in statements + prepared:  # each transport's own runnable form
                 print(statement + "\n")
         else:

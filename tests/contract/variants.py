@@ -258,7 +258,6 @@ VARIANTS = [
         put_poison=rabbitmq_poison,
         duplicate_headers=False,
         native_ids=False,  # the message_id property, which any number of messages may share
-        install_lines=rabbitmq_declares,
-        print_only_lines=rabbitmq_declares,
+        install_lines=rabbitmq_declares,  # printed as management API requests: not per name
     ),
 ]

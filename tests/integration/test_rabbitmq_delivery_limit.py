@@ -357,7 +357,8 @@ def test_install_and_run_refuse_a_limited_quorum_source(
 
     printed = bridge("install", "--print-sql")
     assert printed.returncode == 0
-    assert f"policy 'nsb.{queue}.delivery-limit' pattern='^{queue}$'" in printed.stdout
+    assert f"""'{{"pattern":"^{queue}$","apply-to":"quorum_queues",""" in printed.stdout
+    assert f"/api/policies/%2F/nsb.{queue}.delivery-limit\n" in printed.stdout
 
     # Install stopped at the refused queue; the destination table is made here.
     asyncio.run(install_local(load_config(routes).config.connections["local"]))

@@ -159,8 +159,8 @@ async def test_check_and_print_only_install(setup: Setup) -> None:
     out = await asyncio.to_thread(setup.run, "check", "--connect")
     assert "rabbit: OK" in out
     printed = await asyncio.to_thread(setup.run, "install", "--print-sql")
-    assert f"queue.declare queue={setup.queue!r} durable=true" in printed
-    assert f"exchange.declare exchange={setup.rabbit_errors!r} type=fanout" in printed
+    assert f"/api/queues/%2F/{setup.queue}\n" in printed
+    assert f"/api/exchanges/%2F/{setup.rabbit_errors}\n" in printed
 
 
 async def wait_for_log(process: subprocess.Popen[str], log: Path, text: str, times: int) -> None:

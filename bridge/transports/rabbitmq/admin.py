@@ -3,7 +3,9 @@
 `plan` lists the steps `install` runs (queue, then exchange and binding for `conventional`);
 `declare_adopting` declares a queue and keeps the `x-` arguments it already has; `conflict`
 turns a 406 PRECONDITION_FAILED into an error that says what exists and what was asked for,
-and `queue_type_of` reads the type an existing queue has from it. Each `declare_*`, `bind`,
+and `queue_type_of` reads the type an existing queue has from it. `printed` writes the same
+steps as requests to the management HTTP API (`curl` commands), for `install --print-sql`:
+AMQP has no client that runs a script of declarations. Each `declare_*`, `bind`,
 `server_version` and `look_at_head` returns an `Op` that a `Link` runs on its ioloop thread.
 """
 
@@ -13,6 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pika
 from pika import spec
@@ -22,6 +25,7 @@ from bridge.transports.rabbitmq.config import RabbitMQConnection, queue_argument
 from bridge.transports.rabbitmq.connection import Link
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.handoff import Done, Op
+from bridge.transports.rabbitmq.management import curl, endpoint
 
 __all__ = [
     "Step",
@@ -33,6 +37,7 @@ __all__ = [
     "declare_queue",
     "look_at_head",
     "plan",
+    "printed",
     "queue_type_of",
     "server_version",
 ]
@@ -144,6 +149,37 @@ def plan(config: RabbitMQConnection, addresses: Sequence[str]) -> list[Step]:
                 )
             )
     return steps
+
+
+def printed(config: RabbitMQConnection, steps: Sequence[Step]) -> list[str]:
+    """`steps` as the management API's requests declaring the same (durable, not
+    auto-deleted, the queue's type, a fanout exchange, its binding with routing key ""), after
+    a comment saying where they go and which credentials they need."""
+    api = endpoint(config)
+    out = [
+        f"# RabbitMQ's management HTTP API at {api.base} (vhost {api.vhost!r}): run with sh, "
+        "curl 7.76 or later,\n# and RABBITMQ_USER and RABBITMQ_PASSWORD set to a user with the "
+        "`management` tag"
+    ]
+    for step in steps:
+        name = quote(step.name, safe="")
+        if step.kind == "queue":
+            arguments = queue_arguments(config)
+            queue = {"durable": True, "auto_delete": False, "arguments": arguments}
+            out.append(curl(api, "PUT", f"api/queues/{{vhost}}/{name}", queue))
+        elif step.kind == "exchange":
+            exchange = {
+                "type": "fanout",
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+            out.append(curl(api, "PUT", f"api/exchanges/{{vhost}}/{name}", exchange))
+        else:
+            binding = {"routing_key": "", "arguments": {}}
+            out.append(curl(api, "POST", f"api/bindings/{{vhost}}/e/{name}/q/{name}", binding))
+    return out
 
 
 def current_argument(error: BaseException) -> tuple[str, object] | None:

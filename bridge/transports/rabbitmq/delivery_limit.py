@@ -50,10 +50,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import quote
 
 from bridge.errors import AccessRefused, TransportError, TransportUnavailable
 from bridge.transports.rabbitmq.config import RabbitMQConnection
-from bridge.transports.rabbitmq.management import ManagementApi, ManagementError
+from bridge.transports.rabbitmq.management import ManagementApi, ManagementError, curl
 
 __all__ = [
     "UNLIMITED",
@@ -253,11 +254,16 @@ class DeliveryLimits:
         return self._config.queue_type == "quorum"
 
     def describe(self, queue: str) -> str:
-        """What `ensure` may do for `queue`, for `bridge install --print-sql`."""
+        """What `ensure` may do for `queue`, for `bridge install --print-sql`: the policy's
+        request to the management API, commented out, since whether it is made depends on
+        what the broker says when `ensure` asks (`verdict`)."""
+        path = f"api/policies/{{vhost}}/{quote(policy_name(queue), safe='')}"
+        request = curl(self._api.endpoint, "PUT", path, policy_for(queue))
         return (
-            f"policy {policy_name(queue)!r} pattern={policy_for(queue)['pattern']!r} "
-            f"apply-to=quorum_queues definition={{delivery-limit: {UNLIMITED}}} priority=0 "
-            f"(through the management API, where RabbitMQ 4 limits the queue by default)"
+            f"# Only where RabbitMQ 4 limits quorum queue {queue!r} to its default delivery "
+            "limit and no\n# other policy applies to it, `bridge install` lifts the limit with "
+            "NServiceBus's policy\n# (it refuses a limit someone set; RabbitMQ 3 needs none; "
+            f"the user needs the `policymaker` tag):\n# {request}"
         )
 
     async def ensure(self, queue: str) -> str | None:

@@ -9,6 +9,10 @@ thread (`asyncio.to_thread`) so the event loop never waits on a socket.
 Errors: every failure is a `ManagementError` carrying the HTTP status (None when nothing
 answered) and a text that names the API's address without its credentials. The caller
 (`delivery_limit.py`) turns it into the transport error that says what to do.
+
+Printed: `curl` writes one request to the API as a `curl` command a shell runs as printed
+(`bridge install --print-sql`), with the credentials left to `$RABBITMQ_USER` and
+`$RABBITMQ_PASSWORD`, never written out.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import shlex
 import ssl
 import urllib.error
 import urllib.request
@@ -26,7 +31,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from bridge.errors import ConfigError
 from bridge.transports.rabbitmq.config import CONNECT_TIMEOUT, RabbitMQConnection
 
-__all__ = ["HTTPS_PORT", "HTTP_PORT", "ManagementApi", "ManagementError", "endpoint"]
+__all__ = ["HTTPS_PORT", "HTTP_PORT", "ManagementApi", "ManagementError", "curl", "endpoint"]
 
 #: The management plugin's default listeners (ManagementClient.cs:17-18 in NServiceBus RabbitMQ).
 HTTP_PORT = 15672
@@ -77,6 +82,18 @@ def endpoint(config: RabbitMQConnection) -> Endpoint:
         host = f"[{host}]"
     scheme, port = ("https", HTTPS_PORT) if tls else ("http", HTTP_PORT)
     return Endpoint(f"{scheme}://{host}:{port}/", username, password, vhost)
+
+
+def curl(endpoint: Endpoint, method: str, path: str, body: object) -> str:
+    """The `curl` command that sends `body` (JSON) with `method` to `path` under the API of
+    `endpoint`, as a shell runs it; `{vhost}` in `path` is the endpoint's vhost, escaped.
+    `--fail-with-body` (curl 7.76 or later) stops a script at a refusal and shows its reason."""
+    url = endpoint.base + path.replace("{vhost}", quote(endpoint.vhost, safe=""))
+    data = json.dumps(body, separators=(",", ":"))
+    return (
+        f'curl --fail-with-body -sS -u "$RABBITMQ_USER:$RABBITMQ_PASSWORD" -X {method} '
+        f"-H 'content-type: application/json' -d {shlex.quote(data)} {shlex.quote(url)}"
+    )
 
 
 class ManagementApi:

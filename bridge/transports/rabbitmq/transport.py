@@ -28,7 +28,10 @@ Administration
     `install` declares each queue durable with its type and, for `conventional`, its exchange
     and binding (`admin.py`); declaring what exists is a no-op (a queue's other `x-` arguments
     are kept), and a queue that exists with another type raises `TransportError` saying so
-    (RabbitMQ cannot change it). `print_only` returns the declarations without connecting.
+    (RabbitMQ cannot change it). `print_only` returns, without connecting, the same
+    declarations as `curl` commands for the management HTTP API (AMQP has no client that runs
+    a script); a PUT of a queue that exists with other arguments is refused there, where
+    `install` keeps them.
     `prepare_sources` (after `install`, for the queues routes receive from) keeps quorum
     queues' delivery limit unlimited through the management API, as NServiceBus does, or
     refuses a queue whose limit could drop messages (`delivery_limit.py`); a source does the
@@ -76,6 +79,7 @@ from bridge.transports.rabbitmq.admin import (
     declare_queue,
     look_at_head,
     plan,
+    printed,
     queue_type_of,
     server_version,
 )
@@ -133,10 +137,13 @@ class Transport:
             self._admin = Link(parameters(self.config, self.name, "admin"), self._where)
         return self._admin
 
+    #: `install --print-sql` prints shell commands (`admin.printed`): `#` starts a comment.
+    print_comment = "#"
+
     async def install(self, addresses: Sequence[str], *, print_only: bool = False) -> list[str]:
         steps = plan(self.config, addresses)
         if print_only:
-            return [step.text for step in steps]
+            return printed(self.config, steps)
         link = self._link()
         for step in steps:
             try:
