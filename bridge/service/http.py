@@ -7,7 +7,7 @@ shows comes from a `Status`: `RunnerStatus` for the routes of this process, or, 
 
 - `/healthz`: 200 while the process runs.
 - `/readyz`: 200 when every route is running (its source and destination reached, no loop in
-  backoff), else 503 with each waiting route and its state.
+  backoff or failing), else 503 with each waiting route and its state.
 - `/metrics`: Prometheus text from the prometheus_client registry the OpenTelemetry reader feeds.
 - `/routes`: JSON with each route's state, counters and last error; a route the registry
   derives names its `endpoint`.
