@@ -4,8 +4,9 @@ Nothing but the entry points (`bridge`, `python -m bridge`) imports this module.
 `-c/--config`, `--log-level` and `--log-format` are accepted before the command as well as
 after it; given in both places, the one after the command wins.
 
-Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage. A user never sees
-a traceback (set BRIDGE_DEBUG=1 to get one); everything printed passes through the redactor.
+Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage, 130 stopped by
+Ctrl-C. A user never sees a traceback (set BRIDGE_DEBUG=1 to get one); everything printed
+passes through the redactor.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Rules that belong to one connection type (Kafka's security settings, RabbitMQ's URL, each
 transport's names) live with that transport in its driver-free `config.py`, listed in `RULES`.
+A route whose two ends are one table, topic or queue loops, also when two connection names
+reach it (`bridge.config.places`).
 """
 
 from __future__ import annotations
