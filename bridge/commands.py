@@ -7,7 +7,9 @@ config is loaded, so nothing printed afterwards shows them.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,9 +19,9 @@ from typing import Any
 from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig, DerivedRoute
 from bridge.config.registry import Registry
+from bridge.envelope import MESSAGE_ID
 from bridge.errors import BridgeError, UsageError
-from bridge.nservicebus.messages import endpoint_message
-from bridge.nservicebus.wireformat import parse_timespan
+from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
 from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
@@ -196,28 +198,57 @@ async def send(
     ttl: str | None,
     count: int,
 ) -> int:
-    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`."""
+    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`.
+
+    Ctrl-C (SIGINT) stops it after the chunk in hand is durably sent: it says how many were
+    sent and returns 130; a second Ctrl-C stops it at once.
+    """
     config = load_routes(config_path).config
     if count < 1:
         raise UsageError("--count must be at least 1")
+    span = None
     if ttl is not None:
         try:
-            parse_timespan(ttl)
-        except ValueError:
-            raise UsageError(f"--ttl takes a TimeSpan like 00:00:30, got {ttl!r}") from None
+            span = parse_ttl(ttl)
+        except ValueError as exc:
+            raise UsageError(f"--ttl {exc}") from None
     extra = parse_headers(headers)
+    if count > 1 and any(name == MESSAGE_ID for name, _ in extra):
+        raise UsageError(
+            f"--header {MESSAGE_ID} with --count {count} would send {count} messages with one "
+            "id, which receivers take as one message sent again; send one at a time, or leave "
+            "the id to be made for each"
+        )
     content = read_body(body)
+    content_type = content_type_of(content)
     transport = _transport(config, connection)
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        interrupted.set()
+        loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C stops at once
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    sent = 0
     try:
         sink = transport.sink(queue)
-        sent = 0
-        while sent < count:
+        while sent < count and not interrupted.is_set():
             size = min(SEND_CHUNK, count - sent)
-            await sink.send([endpoint_message(content, extra, ttl) for _ in range(size)])
+            await sink.send(
+                [
+                    endpoint_message(content, extra, span, content_type=content_type)
+                    for _ in range(size)
+                ]
+            )
             sent += size
         await sink.close()
     finally:
+        loop.remove_signal_handler(signal.SIGINT)
         await transport.close()
+    if interrupted.is_set() and sent < count:
+        print(f"interrupted: sent {sent} of {count} messages to {connection}/{queue}")
+        return 130
     print(f"sent {sent} message{'s' if sent != 1 else ''} to {connection}/{queue}")
     return 0
 

@@ -12,6 +12,7 @@ __all__ = [
     "AccessRefused",
     "BridgeError",
     "ConfigError",
+    "ConfigErrors",
     "HeadersFormatError",
     "MessageRejected",
     "MessagesRejected",
@@ -38,6 +39,17 @@ class ConfigError(BridgeError):
 
     def __str__(self) -> str:
         return f"{self.location}: {self.message}" if self.location else self.message
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration errors found at once, each at its own location: one a line."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        super().__init__(errors[0].message, errors[0].location)
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(error) for error in self.errors)
 
 
 class HeadersFormatError(BridgeError):

@@ -2,6 +2,8 @@
 
 Rules that belong to one connection type (Kafka's security settings, RabbitMQ's URL, each
 transport's names) live with that transport in its driver-free `config.py`, listed in `RULES`.
+A route whose two ends are one table, topic or queue loops, also when two connection names
+reach it (`bridge.config.places`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from bridge.config.kinds import RULES
-from bridge.config.models import ROUTE_NAME, BridgeConfig, ConnectionConfig, Endpoint
+from bridge.config.models import ROUTE_NAME, BridgeConfig, ConnectionConfig, Endpoint, Route
+from bridge.config.places import place
 from bridge.config.registry import Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
@@ -63,6 +66,20 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
+def _loop(config: BridgeConfig, route: Route) -> str | None:
+    """Why `route` would forward each message back where it took it from, or None."""
+    ends = (route.from_, route.to)
+    if ends[0].connection == ends[1].connection and ends[0].address == ends[1].address:
+        return "from and to are the same place: the route would loop"
+    source, destination = (place(config.connections[e.connection], e.address) for e in ends)
+    if source is None or destination is None or not source.same_as(destination):
+        return None
+    return (
+        f"from and to are the same place: connections {ends[0].connection!r} and "
+        f"{ends[1].connection!r} both reach {destination.shown}, so the route would loop"
+    )
+
+
 def _address_name(kind: str, name: str, role: str, where: str) -> None:
     """A queue, table or topic name its transport would refuse, found before anything runs.
 
@@ -92,10 +109,9 @@ def lint(config: BridgeConfig, at: Positions) -> None:
         seen.add(route.name)
         _endpoint(config, route.from_, "from", (*path, "from"), at)
         _endpoint(config, route.to, "to", (*path, "to"), at)
-        if (route.from_.connection, route.from_.address) == (route.to.connection, route.to.address):
-            raise ConfigError(
-                "from and to are the same place: the route would loop", at.at((*path, "to"))
-            )
+        loop = _loop(config, route)
+        if loop is not None:
+            raise ConfigError(loop, at.at((*path, "to")))
         if route.error_queue is not None:
             where = at.at((*path, "error_queue"))
             # Empty means the default, `bridge.error`.
@@ -160,14 +176,21 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
                 "names the routes of the proxies on it)",
                 at.at(("connections", connection), key=True),
             )
-    for place in registry.proxies():
-        kind = config.connections[place.connection].type
+    for proxy in registry.proxies():
+        kind = config.connections[proxy.connection].type
         _address_name(
             kind,
-            place.queue,
-            f"endpoint {place.endpoint!r} (its proxy on {place.connection!r})",
-            at.at(("endpoints", place.endpoint), key=True),
+            proxy.queue,
+            f"endpoint {proxy.endpoint!r} (its proxy on {proxy.connection!r})",
+            at.at(("endpoints", proxy.endpoint), key=True),
         )
+    for derived in registry.routes():
+        loop = _loop(config, derived)
+        if loop is not None:
+            raise ConfigError(
+                f"endpoint {derived.endpoint!r}, its proxy on {derived.from_.connection!r}: {loop}",
+                at.at(("endpoints", derived.endpoint), key=True),
+            )
     _error_queues(config, at)
     _routes_against_registry(config, registry, at)
 

@@ -116,7 +116,9 @@ class RouteRunner:
         self._loop_states = ["starting"] * route.concurrency
         self._in_hand = [0] * route.concurrency  # messages each loop has received, not settled
         self._polled_at: float | None = None
+        self._empty_at: list[float | None] = [None] * route.concurrency  # each loop's last look
         self.stats = RouteStats()
+        self.started_at = time.monotonic()
         self.metrics = metrics or Metrics().for_route(route.name)
         self.tracing = tracing or RouteTracing(route)
         self.fatal: BaseException | None = None
@@ -132,10 +134,28 @@ class RouteRunner:
             return 0.0
         return time.monotonic() - max(self.stats.last_activity, self._polled_at)
 
+    @property
+    def drained(self) -> bool:
+        """Whether every loop has found the source empty since the route last forwarded.
+
+        A loop's look counts only once it is ready (see `idle_for`); a loop in backoff, or
+        one whose last receive brought messages, has not found it empty.
+        """
+        if self._busy or self.stats.state == "backoff":
+            return False
+        since = self.stats.last_activity
+        return all(at is not None and at >= since for at in self._empty_at)
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds from the route's start to the end of its last batch (0: it had none)."""
+        return max(0.0, self.stats.last_activity - self.started_at)
+
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
+        self.started_at = time.monotonic()
         loops = [
             asyncio.create_task(self._loop(i), name=f"{self.route.name}#{i}")
             for i in range(self.route.concurrency)
@@ -187,12 +207,13 @@ class RouteRunner:
                     if not reached and self._probe is not None:
                         await self._probe()
                         reached = True
-                    await self._forward_one_batch(index, receiver, sink)
-                    self._mark_polled(index, source)
+                    empty = await self._forward_one_batch(index, receiver, sink)
+                    self._mark_polled(index, source, empty)
                     backoff.reset()
                     slow.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
                     aborted, self._in_hand[index] = self._in_hand[index], 0
+                    self._empty_at[index] = None
                     retriable = isinstance(exc, BridgeError) and exc.retriable
                     if not retriable and self._stop_on_fatal:
                         self.fatal = exc
@@ -208,7 +229,7 @@ class RouteRunner:
             await receiver.discard()
             await _close(source, sink)
 
-    def _mark_polled(self, index: int, source: Source) -> None:
+    def _mark_polled(self, index: int, source: Source, empty: bool) -> None:
         """Track whether each loop's last receive really looked at an empty source.
 
         A source may say otherwise through `Readiness` (a Kafka consumer still joining its
@@ -218,14 +239,18 @@ class RouteRunner:
             self._not_ready.discard(index)
             if not self._not_ready and self._polled_at is None:
                 self._polled_at = time.monotonic()
+            self._empty_at[index] = time.monotonic() if empty else None
         else:
             self._not_ready.add(index)
             self._polled_at = None
+            self._empty_at[index] = None
 
-    async def _forward_one_batch(self, index: int, receiver: Receiver, sink: Sink) -> None:
+    async def _forward_one_batch(self, index: int, receiver: Receiver, sink: Sink) -> bool:
+        """Receive a batch and forward it; whether it was empty."""
         batch = await receiver.take()
+        empty = not (batch.messages or batch.poison or batch.expired)
         async with batch:
-            if batch.messages or batch.poison or batch.expired:
+            if not empty:
                 self._busy += 1
                 count = self._in_hand[index] = len(batch.messages) + len(batch.poison)
                 started = time.perf_counter()
@@ -245,6 +270,7 @@ class RouteRunner:
                 await batch.commit()
         if self._loop_states[index] != "running":
             self._set_loop_state(index, "running")
+        return empty
 
     async def _forward(self, batch: ReceivedBatch, sink: Sink) -> None:
         now = time.time()

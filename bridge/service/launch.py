@@ -5,6 +5,10 @@ A worker is started as `bridge run` with the primary's own options, plus the hid
 `--worker-index` and `--worker-fd`; it serves its status on a port of its own on 127.0.0.1
 and the primary serves the configured one. A configured address it cannot listen on ends the
 run with the `http` block's `FILE:LINE:COL` and the address (`CannotListen`).
+
+With `--until-idle`, the run ends by printing what each route did on stdout
+(`bridge.service.summary`): this process's own, or, as a primary, its workers' added up (a
+worker hands its summary to the primary and prints none).
 """
 
 from __future__ import annotations
@@ -85,7 +89,10 @@ async def _run(config: BridgeConfig, options: RunOptions) -> int:
         config, routes=options.routes or None, until_idle=options.until_idle, link=link
     )
     tune_process()
-    return await supervisor.run()
+    code = await supervisor.run()
+    if options.until_idle is not None and link is None:
+        print(supervisor.summary().describe(), flush=True)
+    return code
 
 
 async def _primary(config: BridgeConfig, options: RunOptions) -> int:
@@ -99,4 +106,7 @@ async def _primary(config: BridgeConfig, options: RunOptions) -> int:
         http=http,
         until_idle=options.until_idle is not None,
     )
-    return await workers.run()
+    code = await workers.run()
+    if options.until_idle is not None:
+        print(workers.summary().describe(), flush=True)
+    return code

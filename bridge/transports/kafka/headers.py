@@ -9,7 +9,8 @@ header) is no key. Every record carries `now` as its timestamp.
 Time to live: Kafka has none of its own, so the bridge writes a deadline header,
 `NServiceBus.Bridge.ExpiresAt` (`EXPIRES_AT`): the absolute UTC time the message expires, in
 NServiceBus's timestamp format (`yyyy-MM-dd HH:mm:ss:ffffff Z`), appended last, for an
-envelope with `expires_at`. On read, `expires_at` comes from that header alone, which is
+envelope with `expires_at` (a message the bridge originates: the record's timestamp plus the
+time to live it was given). On read, `expires_at` comes from that header alone, which is
 removed from the headers; one that does not parse means no expiry. The
 `NServiceBus.TimeToBeReceived` header is carried exactly as the endpoint wrote it and is never
 read: a record with only that header never expires. Error-queue and audit copies
@@ -104,7 +105,8 @@ def record_message_id(topic: str, partition: int, offset: int) -> str:
 def outgoing(envelope: Envelope, key_spec: str, now: float) -> Record:
     """Lay `envelope` out as a Kafka record written at `now` (epoch seconds)."""
     headers = envelope.headers
-    deadline = _deadline_text(expires_at(envelope))
+    timestamp_ms = int(now * 1000)
+    deadline = _deadline_text(expires_at(envelope, timestamp_ms / 1000))
     try:
         encoded = [
             (name, None if value is None else value.encode())
@@ -122,7 +124,7 @@ def outgoing(envelope: Envelope, key_spec: str, now: float) -> Record:
         key = None if key_value is None else key_value.encode()
     except UnicodeEncodeError as exc:
         raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
-    return Record(key, envelope.body, encoded, int(now * 1000))
+    return Record(key, envelope.body, encoded, timestamp_ms)
 
 
 def _deadline_text(deadline: float | None) -> str | None:

@@ -11,7 +11,8 @@ No `timestamp`: NServiceBus sets none.
 Time to live: the AMQP `expiration` alone, as NServiceBus RabbitMQ reads and writes it; the
 `NServiceBus.TimeToBeReceived` header is never read and never rewritten. An envelope with
 `expires_at` is sent with `expiration` = its remaining lifetime in whole milliseconds (at least
-1: an expired envelope still goes out, the runner drops those before). On read, `expires_at` =
+1: an expired envelope still goes out, the runner drops those before); a message the bridge
+originates, with the time to live it was given (`time_to_live_ms`). On read, `expires_at` =
 the moment the bridge took delivery (`received`) + `expiration`. RabbitMQ drops a message
 whose `expiration` passed while it was queued and never tells how long one waited, so a
 message delivered is alive and what is left of its lifetime is at most `expiration`: counting
@@ -71,7 +72,7 @@ import pika
 
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.nservicebus.lifetime import never_expires
+from bridge.nservicebus.lifetime import never_expires, time_to_live_ms
 from bridge.nservicebus.wireformat import format_timestamp
 from bridge.transports.rabbitmq.amqp_table import sized_properties
 
@@ -139,8 +140,9 @@ def outgoing(
     if message_id is None or not message_id.strip():
         raise MessageRejected(f"{MESSAGE_ID} is missing; RabbitMQ endpoints require a message id")
     expiration: str | None = None
-    if envelope.expires_at is not None and not never_expires(headers):
-        expiration = str(max(1, math.floor((envelope.expires_at - now) * 1000)))
+    lifetime = time_to_live_ms(envelope, now)
+    if lifetime is not None:
+        expiration = str(max(1, math.floor(lifetime)))
     persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
     nulls = tuple(name for name, value in headers.items() if value is None)
     table: dict[str, str | None] = headers  # no copy: below, `headers` is never read for LAYOUT

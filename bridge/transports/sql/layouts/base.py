@@ -19,7 +19,8 @@ The NServiceBus row mapping below is the base class's; both NServiceBus layouts 
 
 Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` in this order):
     id       fresh uuid4 as text: the native id, never the logical message id
-    ttl_ms   remaining lifetime in whole milliseconds, or None for "never expires";
+    ttl_ms   remaining lifetime in whole milliseconds (a message the bridge originates: the
+             time to live it was given), or None for "never expires";
              the database turns it into `Expires` with its own clock
     headers  the Headers column text (`bridge.transports.sql.headers.write`: the text the row
              was read from when its headers are unchanged, else `encode`)
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.nservicebus.lifetime import expires_at, never_expires
+from bridge.nservicebus.lifetime import never_expires, time_to_live_ms
 from bridge.transports.sql import headers as headers_codec
 
 if TYPE_CHECKING:
@@ -161,10 +162,11 @@ def outgoing(envelope: Envelope, now: float, native_id: str | None = None) -> Ou
 
     A lifetime already spent is written as 0 ms: the row expires at once and the receiver drops
     it, as it would have dropped the message itself. An error-queue or audit copy is written
-    without one (`bridge.nservicebus.lifetime`).
+    without one, a message the bridge originates with the time to live it was given
+    (`bridge.nservicebus.lifetime`).
     """
-    deadline = expires_at(envelope)
-    ttl_ms = None if deadline is None else max(0, round((deadline - now) * 1000))
+    lifetime = time_to_live_ms(envelope, now)
+    ttl_ms = None if lifetime is None else max(0, round(lifetime))
     return OutgoingRow(
         native_id or new_id(), ttl_ms, headers_codec.write(envelope.headers), bytes(envelope.body)
     )
