@@ -49,5 +49,5 @@ def require_spark(command: str = "migrate") -> None:
     except ImportError:
         raise BridgeError(
             f"bridge {command} runs on Apache Spark, and PySpark is not installed: "
-            "pip install 'bridge[spark]' (Spark also needs Java 17 or newer)"
+            "pip install './[spark]' in the bridge checkout (Spark also needs Java 17 or newer)"
         ) from None

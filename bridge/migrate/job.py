@@ -4,9 +4,9 @@
 
 (also `python -m bridge.migrate.job --master local[4] ...`). The master and every Spark setting
 come from spark-submit unless `--master` is given. The executors need `bridge` installed with
-the drivers its connections use (e.g. `pip install 'bridge[postgresql,kafka]'` in their
-image), and every connection reachable from them; routes.yaml is read here and shipped to the
-tasks with the environment variables it references. Output and exit codes are those of
+the drivers its connections use (e.g. `pip install './[postgresql,kafka]'` from the checkout,
+in their image), and every connection reachable from them; routes.yaml is read here and shipped
+to the tasks with the environment variables it references. Output and exit codes are those of
 `bridge migrate`: 0 done, 1 a task failed for good (or Spark could not run), 2 a config error.
 """
 

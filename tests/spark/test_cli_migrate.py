@@ -166,7 +166,7 @@ def test_without_pyspark_migrate_says_what_to_install(routes: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 1
-    assert "PySpark is not installed: pip install 'bridge[spark]'" in result.stderr
+    assert "PySpark is not installed: pip install './[spark]' in the bridge" in result.stderr
     assert "Traceback" not in result.stderr
 
 
