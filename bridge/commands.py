@@ -385,12 +385,13 @@ async def run(
 
 
 async def migrate(config_path: str, route: str, *, master: str, partitions: int | None) -> int:
-    """Bulk-move one route's messages with PySpark and print what moved."""
+    """Bulk-move one route's messages with PySpark and print what moved (exit 130 with what
+    moved so far on Ctrl-C)."""
     load_routes(config_path)
     from bridge.migrate import require_spark
 
     require_spark("migrate")
-    from bridge.migrate.driver import MigrationFailed
+    from bridge.migrate.driver import MigrationFailed, MigrationInterrupted
     from bridge.migrate.driver import migrate as migrate_route
     from bridge.migrate.spec import JobSpec
 
@@ -401,6 +402,10 @@ async def migrate(config_path: str, route: str, *, master: str, partitions: int 
         if exc.summary is not None:  # how far it got, before the error line
             print(exc.summary.describe(), flush=True)
         raise
+    except MigrationInterrupted as exc:
+        print(exc.summary.describe(), flush=True)
+        print(f"bridge migrate: {exc}", file=sys.stderr)
+        return 130
     print(summary.describe())
     return 0
 
@@ -415,23 +420,29 @@ async def report(
     master: str,
     partitions: int | None,
 ) -> int:
-    """Print what queue tables hold (`output`: table, json or csv), read-only with PySpark."""
+    """Print what queue tables hold (`output`: table, json or csv), read-only with PySpark;
+    on Ctrl-C print nothing but how far it read, and exit 130."""
     config = load_routes(config_path).config
     _known_connection(config, connection)
     from bridge.migrate import require_spark
 
     require_spark("report")
+    from bridge.migrate.progress import Interrupted
     from bridge.migrate.render import render
     from bridge.migrate.report import build_report
     from bridge.migrate.spec import ShippedConfig
 
-    built = await build_report(
-        ShippedConfig.read(config_path),
-        connection,
-        list(queues),
-        top=top,
-        master=master,
-        partitions=partitions,
-    )
+    try:
+        built = await build_report(
+            ShippedConfig.read(config_path),
+            connection,
+            list(queues),
+            top=top,
+            master=master,
+            partitions=partitions,
+        )
+    except Interrupted as exc:
+        print(f"bridge report: {exc}", file=sys.stderr)
+        return 130
     print(render(built, output), end="")
     return 0
