@@ -6,7 +6,10 @@
 #   docker run --rm -p 8080:8080 -e SHOP_DSN=... \
 #     -v "$PWD/routes.yaml:/etc/bridge/routes.yaml:ro" bridge:0.1.0
 #
-# `bridge migrate` (PySpark) is not in this image: it runs as a Spark job, not in the service.
+# `bridge migrate` and `bridge report` (PySpark, Java) are not in this image; the `spark` target
+# adds them, for the chart's migrate Job or a Spark cluster's executors:
+#
+#   docker build --target spark -t bridge:0.1.0-spark .
 
 # Builder: wheels of bridge and of every dependency, so the runtime stage needs no compiler and
 # no network beyond apt. All the drivers publish manylinux wheels for amd64 and arm64.
@@ -18,7 +21,13 @@ COPY bridge ./bridge
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip wheel --wheel-dir /wheels ".[postgresql,sqlserver,kafka,rabbitmq]"
 
-FROM python:3.11-slim
+# The same wheels and PySpark's, for the spark target only (a default build never runs this).
+FROM builder AS spark-wheels
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip wheel --wheel-dir /wheels ".[postgresql,sqlserver,kafka,rabbitmq,spark]"
+
+# The service image: `bridge run` (and check, install, send, peek).
+FROM python:3.11-slim AS service
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -57,3 +66,20 @@ EXPOSE 8080
 # No HEALTHCHECK: Kubernetes probes /healthz and /readyz itself, and the port is the config's.
 ENTRYPOINT ["bridge"]
 CMD ["run", "-c", "/etc/bridge/routes.yaml"]
+
+# `--target spark`: the service image with a Java runtime (Debian's default, 17 or newer) and
+# PySpark, to run `bridge migrate` and `bridge report` in local mode or as a Spark driver.
+FROM service AS spark
+USER root
+# The JRE's post-install links man pages, which the slim image leaves no folder for.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends default-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+RUN --mount=type=bind,from=spark-wheels,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links=/wheels \
+        "bridge[postgresql,sqlserver,kafka,rabbitmq,spark]"
+USER 10001
+
+# The default target (a plain `docker build .`): the service image, without Java or Spark.
+FROM service

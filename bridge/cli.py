@@ -4,14 +4,16 @@ Nothing but the entry points (`bridge`, `python -m bridge`) imports this module.
 `-c/--config`, `--log-level` and `--log-format` are accepted before the command as well as
 after it; given in both places, the one after the command wins.
 
-Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage. A user never sees
-a traceback (set BRIDGE_DEBUG=1 to get one); everything printed passes through the redactor.
+Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage, 130 stopped by
+Ctrl-C. A user never sees a traceback (set BRIDGE_DEBUG=1 to get one); everything printed
+passes through the redactor.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -40,6 +42,19 @@ def _worker_count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(
             f"must be a whole number of at least 1 (from --workers or BRIDGE_WORKERS), got {text!r}"
+        )
+    return value
+
+
+def _idle_seconds(text: str) -> float:
+    """`--until-idle`: seconds, 0 or more (0: drain, then stop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"takes seconds, 0 or more (0: stop as soon as every source is drained), got {text!r}"
         )
     return value
 
@@ -85,7 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     run = subcommands.add_parser("run", parents=[common], help="run the routes")
     run.add_argument("--route", action="append", default=[], help="run only this route")
     run.add_argument(
-        "--until-idle", type=float, metavar="SECONDS", help="exit once all sources stay empty"
+        "--until-idle",
+        type=_idle_seconds,
+        metavar="SECONDS",
+        help="exit once every source has been found empty and stayed so for SECONDS "
+        "(0: drain, then stop); prints what each route did",
     )
     run.add_argument(
         "--workers",
@@ -98,16 +117,35 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
 
     send = subcommands.add_parser("send", parents=[common], help="send messages like an endpoint")
-    send.add_argument("connection")
+    send.add_argument("connection", help="a connection of the config")
     send.add_argument("queue", help="queue table, topic or RabbitMQ queue")
-    send.add_argument("--header", action="append", default=[], metavar="K=V")
-    send.add_argument("--ttl", metavar="TIMESPAN", help="time to be received, e.g. 00:00:30")
-    send.add_argument("--body", default="{}", help="message body, or @FILE")
-    send.add_argument("--count", type=int, default=1, help="how many messages")
+    send.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a header to add or replace, e.g. NServiceBus.EnclosedMessageTypes=Shop.Order "
+        "(repeatable; NServiceBus.ContentType replaces the one the body gives)",
+    )
+    send.add_argument(
+        "--ttl",
+        metavar="TIMESPAN",
+        help="time to be received, e.g. 00:00:30: from 00:00:00.001 to 24.20:31:23.647, in "
+        "whole milliseconds (what every transport carries)",
+    )
+    send.add_argument(
+        "--body",
+        default="{}",
+        help="message body, or @FILE (default {}); labelled JSON, XML, text or binary by "
+        "what it is",
+    )
+    send.add_argument(
+        "--count", type=int, default=1, help="how many messages, each with its own id (default 1)"
+    )
 
     peek = subcommands.add_parser("peek", parents=[common], help="depth, oldest age, expired")
-    peek.add_argument("connection")
-    peek.add_argument("queue")
+    peek.add_argument("connection", help="a connection of the config")
+    peek.add_argument("queue", help="queue table, topic or RabbitMQ queue")
     peek.add_argument("--json", action="store_true", help="print JSON")
 
     endpoints = subcommands.add_parser(
@@ -116,9 +154,18 @@ def _parser() -> argparse.ArgumentParser:
     endpoints.add_argument("--json", action="store_true", help="print JSON")
 
     migrate = subcommands.add_parser("migrate", parents=[common], help="bulk-move with PySpark")
-    migrate.add_argument("--route", required=True)
-    migrate.add_argument("--master", default="local[*]")
-    migrate.add_argument("--partitions", type=int)
+    migrate.add_argument("--route", required=True, help="the route whose backlog to move")
+    migrate.add_argument(
+        "--master",
+        default="local[*]",
+        help="Spark master URL: local[N], local[N,F] (F tries per task), spark://HOST:PORT, "
+        "yarn, k8s://URL (default local[*]: every core, no retries)",
+    )
+    migrate.add_argument(
+        "--partitions",
+        type=int,
+        help="Spark tasks the backlog is split into (default 4 per core Spark has)",
+    )
 
     report = subcommands.add_parser(
         "report", parents=[common], help="what queue tables hold (read-only, with PySpark)"

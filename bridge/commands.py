@@ -7,19 +7,22 @@ config is loaded, so nothing printed afterwards shows them.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig, DerivedRoute
 from bridge.config.registry import Registry
+from bridge.envelope import MESSAGE_ID
 from bridge.errors import BridgeError, UsageError
-from bridge.nservicebus.messages import endpoint_message
-from bridge.nservicebus.wireformat import parse_timespan
-from bridge.protocols import QueueStats, Transport
+from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
+from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.service.capacity import connection_warnings
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
@@ -39,7 +42,7 @@ def load_routes(path: str, *, offline: bool = False) -> LoadedConfig:
     for warning in loaded.warnings:
         print(warning, file=sys.stderr)
     for connection in loaded.config.connections.values():
-        for attr in ("dsn", "url"):
+        for attr in ("dsn", "url", "management_url"):
             value = getattr(connection, attr, None)
             if isinstance(value, str):
                 redactor.add_from_dsn(value)
@@ -80,6 +83,19 @@ def describe_counts(config: BridgeConfig) -> str:
         out += f", {len(config.derived_routes)} derived from "
         out += count(len(config.endpoints), "endpoint")
     return out
+
+
+def sources(config: BridgeConfig, *, installing: bool = False) -> dict[str, list[str]]:
+    """The addresses each connection's routes receive from (`installing`: of the routes whose
+    sources `bridge install` makes: not proxies unless `proxies: {create: true}`)."""
+    found: dict[str, list[str]] = {}
+    for route in config.all_routes:
+        if installing and isinstance(route, DerivedRoute) and not config.proxies.create:
+            continue
+        bucket = found.setdefault(route.from_.connection, [])
+        if route.from_.address not in bucket:
+            bucket.append(route.from_.address)
+    return found
 
 
 def _known_connection(config: BridgeConfig, name: str) -> None:
@@ -133,18 +149,25 @@ async def check(config_path: str, *, connect: bool) -> int:
 async def install(config_path: str, *, print_only: bool) -> int:
     """Create what every route needs, or with `print_only` print each transport's statements."""
     config = load_routes(config_path, offline=print_only).config
+    received = sources(config, installing=True)
     for name, needed in addresses(config, installing=True).items():
         transport = _transport(config, name)
+        prepared: list[str] = []
         try:
             statements = await transport.install(needed, print_only=print_only)
+            if isinstance(transport, PreparesSources) and received.get(name):
+                prepared = await transport.prepare_sources(received[name], print_only=print_only)
         finally:
             await transport.close()
         if print_only:
-            print(f"-- connection {name} ({config.connections[name].type})")
-            for statement in statements:  # each transport's own runnable form
+            comment = getattr(transport, "print_comment", "--")  # shell commands: "#"
+            print(f"{comment} connection {name} ({config.connections[name].type})")
+            for statement in statements + prepared:  # each transport's own runnable form
                 print(statement + "\n")
         else:
             print(f"{name}: installed {', '.join(needed)}")
+            for done in prepared:
+                print(f"{name}: created {done}")
     return 0
 
 
@@ -179,28 +202,57 @@ async def send(
     ttl: str | None,
     count: int,
 ) -> int:
-    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`."""
+    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`.
+
+    Ctrl-C (SIGINT) stops it after the chunk in hand is durably sent: it says how many were
+    sent and returns 130; a second Ctrl-C stops it at once.
+    """
     config = load_routes(config_path).config
     if count < 1:
         raise UsageError("--count must be at least 1")
+    span = None
     if ttl is not None:
         try:
-            parse_timespan(ttl)
-        except ValueError:
-            raise UsageError(f"--ttl takes a TimeSpan like 00:00:30, got {ttl!r}") from None
+            span = parse_ttl(ttl)
+        except ValueError as exc:
+            raise UsageError(f"--ttl {exc}") from None
     extra = parse_headers(headers)
+    if count > 1 and any(name == MESSAGE_ID for name, _ in extra):
+        raise UsageError(
+            f"--header {MESSAGE_ID} with --count {count} would send {count} messages with one "
+            "id, which receivers take as one message sent again; send one at a time, or leave "
+            "the id to be made for each"
+        )
     content = read_body(body)
+    content_type = content_type_of(content)
     transport = _transport(config, connection)
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        interrupted.set()
+        loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C stops at once
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    sent = 0
     try:
         sink = transport.sink(queue)
-        sent = 0
-        while sent < count:
+        while sent < count and not interrupted.is_set():
             size = min(SEND_CHUNK, count - sent)
-            await sink.send([endpoint_message(content, extra, ttl) for _ in range(size)])
+            await sink.send(
+                [
+                    endpoint_message(content, extra, span, content_type=content_type)
+                    for _ in range(size)
+                ]
+            )
             sent += size
         await sink.close()
     finally:
+        loop.remove_signal_handler(signal.SIGINT)
         await transport.close()
+    if interrupted.is_set() and sent < count:
+        print(f"interrupted: sent {sent} of {count} messages to {connection}/{queue}")
+        return 130
     print(f"sent {sent} message{'s' if sent != 1 else ''} to {connection}/{queue}")
     return 0
 
@@ -234,6 +286,12 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
     transport = _transport(config, connection)
     try:
         stats = await transport.peek(queue)
+        if (
+            stats.depth
+            and stats.oldest_age_seconds is None
+            and isinstance(transport, ReadsOldestAge)
+        ):
+            stats = replace(stats, oldest_age_seconds=await transport.oldest_age(queue))
     finally:
         await transport.close()
     print(describe_stats(connection, queue, stats, as_json=as_json))
@@ -331,12 +389,13 @@ async def run(
 
 
 async def migrate(config_path: str, route: str, *, master: str, partitions: int | None) -> int:
-    """Bulk-move one route's messages with PySpark and print what moved."""
+    """Bulk-move one route's messages with PySpark and print what moved (exit 130 with what
+    moved so far on Ctrl-C)."""
     load_routes(config_path)
     from bridge.migrate import require_spark
 
     require_spark("migrate")
-    from bridge.migrate.driver import MigrationFailed
+    from bridge.migrate.driver import MigrationFailed, MigrationInterrupted
     from bridge.migrate.driver import migrate as migrate_route
     from bridge.migrate.spec import JobSpec
 
@@ -347,6 +406,10 @@ async def migrate(config_path: str, route: str, *, master: str, partitions: int 
         if exc.summary is not None:  # how far it got, before the error line
             print(exc.summary.describe(), flush=True)
         raise
+    except MigrationInterrupted as exc:
+        print(exc.summary.describe(), flush=True)
+        print(f"bridge migrate: {exc}", file=sys.stderr)
+        return 130
     print(summary.describe())
     return 0
 
@@ -361,23 +424,29 @@ async def report(
     master: str,
     partitions: int | None,
 ) -> int:
-    """Print what queue tables hold (`output`: table, json or csv), read-only with PySpark."""
+    """Print what queue tables hold (`output`: table, json or csv), read-only with PySpark;
+    on Ctrl-C print nothing but how far it read, and exit 130."""
     config = load_routes(config_path).config
     _known_connection(config, connection)
     from bridge.migrate import require_spark
 
     require_spark("report")
+    from bridge.migrate.progress import Interrupted
     from bridge.migrate.render import render
     from bridge.migrate.report import build_report
     from bridge.migrate.spec import ShippedConfig
 
-    built = await build_report(
-        ShippedConfig.read(config_path),
-        connection,
-        list(queues),
-        top=top,
-        master=master,
-        partitions=partitions,
-    )
+    try:
+        built = await build_report(
+            ShippedConfig.read(config_path),
+            connection,
+            list(queues),
+            top=top,
+            master=master,
+            partitions=partitions,
+        )
+    except Interrupted as exc:
+        print(f"bridge report: {exc}", file=sys.stderr)
+        return 130
     print(render(built, output), end="")
     return 0

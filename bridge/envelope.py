@@ -6,7 +6,10 @@ Dictionary-style reads see the last occurrence, as wire-format §9 asks for the 
 dictionary.
 
 `Envelope.expires_at` is absolute wall-clock time (epoch seconds, UTC) computed from what the
-source knows of the message's remaining lifetime, so each hop hands on what is left of it.
+source knows of the message's remaining lifetime, so each hop hands on what is left of it. A
+message the bridge originates (`bridge send`) also has `time_to_live_ms`, its whole time to
+live, which sinks write as given (`bridge.nservicebus.lifetime`): counted down from
+`expires_at`, it would arrive a few milliseconds short of what was asked.
 """
 
 from __future__ import annotations
@@ -110,12 +113,14 @@ class Headers:
 
 @dataclass(slots=True)
 class Envelope:
-    """One message in transit. `native_id` is the source transport's own id, if any."""
+    """One message in transit. `native_id` is the source transport's own id, if any;
+    `time_to_live_ms` is set only on a message the bridge originates (module docstring)."""
 
     headers: Headers
     body: bytes
     expires_at: float | None = None
     native_id: str | None = None
+    time_to_live_ms: int | None = None
 
     @property
     def message_id(self) -> str | None:

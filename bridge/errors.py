@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "AccessRefused",
     "BridgeError",
     "ConfigError",
+    "ConfigErrors",
     "HeadersFormatError",
     "MessageRejected",
     "MessagesRejected",
@@ -39,12 +41,29 @@ class ConfigError(BridgeError):
         return f"{self.location}: {self.message}" if self.location else self.message
 
 
+class ConfigErrors(ConfigError):
+    """Several configuration errors found at once, each at its own location: one a line."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        super().__init__(errors[0].message, errors[0].location)
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(error) for error in self.errors)
+
+
 class HeadersFormatError(BridgeError):
     """A message's headers cannot be read: the message is poison."""
 
 
 class TransportError(BridgeError):
     """A transport operation failed for a reason that will not go away by retrying."""
+
+
+class AccessRefused(TransportError):
+    """The server refused the login or the access: a wrong password, an unknown user, database
+    or vhost, missing grants or ACLs. Retrying does not fix it: it lasts until someone changes
+    the account, its rights or the config (a service keeps trying, slowly: see the runner)."""
 
 
 class TransportUnavailable(TransportError):

@@ -54,8 +54,10 @@ __all__ = [
     "ConnectionLimit",
     "FencedCheckpoint",
     "GroupLag",
+    "PreparesSources",
     "QueueStats",
     "Readiness",
+    "ReadsOldestAge",
     "ReceivedBatch",
     "ReceivesAhead",
     "ServerConnections",
@@ -160,6 +162,29 @@ class GroupLag(Protocol):
     """
 
     async def lag(self, address: str, group: str, stored: Checkpoint | None = None) -> int: ...
+
+
+@runtime_checkable
+class PreparesSources(Protocol):
+    """A transport that prepares the addresses routes receive from, beyond creating them
+    (RabbitMQ: quorum queues get an unlimited delivery limit, as NServiceBus gives them).
+
+    `bridge install` calls it after `install`, with the sources among the addresses; with
+    `print_only` it returns what it would do without connecting. Idempotent.
+    """
+
+    async def prepare_sources(
+        self, addresses: Sequence[str], *, print_only: bool = False
+    ) -> list[str]: ...
+
+
+@runtime_checkable
+class ReadsOldestAge(Protocol):
+    """A transport whose `peek` leaves out the oldest message's age because reading it costs
+    more than a look (RabbitMQ takes the first message and gives it back). `bridge peek` asks
+    for it; the service's depth gauge, which peeks every few seconds, never does."""
+
+    async def oldest_age(self, address: str) -> float | None: ...
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,20 @@
 
 Rules that belong to one connection type (Kafka's security settings, RabbitMQ's URL, each
 transport's names) live with that transport in its driver-free `config.py`, listed in `RULES`.
+A route whose two ends are one table, topic or queue loops, also when two connection names
+reach it (`bridge.config.places`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from bridge.config.kinds import RULES
-from bridge.config.models import ROUTE_NAME, BridgeConfig, ConnectionConfig, Endpoint
+from bridge.config.models import ROUTE_NAME, BridgeConfig, ConnectionConfig, Endpoint, Route
+from bridge.config.places import place
 from bridge.config.registry import Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
@@ -22,12 +26,12 @@ if TYPE_CHECKING:
 __all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint", "route_warnings"]
 
 #: Connection fields that may hold a credential; nothing else in routes.yaml may.
-SECRET_KEYS = ("dsn", "url", "sasl_password")
+SECRET_KEYS = ("dsn", "url", "management_url", "sasl_password")
 _KEY_VALUE_SECRET = re.compile(
     r"\b(?:password|pwd)\s*=\s*(?P<value>\{[^}]*\}|'[^']*'|[^;\s&]+)", re.I
 )
 _VARIABLE = re.compile(r"\$\{[^}]*\}")
-_DEFAULT = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}")
+_DEFAULT = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}")
 
 
 def _endpoint(
@@ -62,6 +66,20 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
+def _loop(config: BridgeConfig, route: Route) -> str | None:
+    """Why `route` would forward each message back where it took it from, or None."""
+    ends = (route.from_, route.to)
+    if ends[0].connection == ends[1].connection and ends[0].address == ends[1].address:
+        return "from and to are the same place: the route would loop"
+    source, destination = (place(config.connections[e.connection], e.address) for e in ends)
+    if source is None or destination is None or not source.same_as(destination):
+        return None
+    return (
+        f"from and to are the same place: connections {ends[0].connection!r} and "
+        f"{ends[1].connection!r} both reach {destination.shown}, so the route would loop"
+    )
+
+
 def _address_name(kind: str, name: str, role: str, where: str) -> None:
     """A queue, table or topic name its transport would refuse, found before anything runs.
 
@@ -91,10 +109,9 @@ def lint(config: BridgeConfig, at: Positions) -> None:
         seen.add(route.name)
         _endpoint(config, route.from_, "from", (*path, "from"), at)
         _endpoint(config, route.to, "to", (*path, "to"), at)
-        if (route.from_.connection, route.from_.address) == (route.to.connection, route.to.address):
-            raise ConfigError(
-                "from and to are the same place: the route would loop", at.at((*path, "to"))
-            )
+        loop = _loop(config, route)
+        if loop is not None:
+            raise ConfigError(loop, at.at((*path, "to")))
         if route.error_queue is not None:
             where = at.at((*path, "error_queue"))
             # Empty means the default, `bridge.error`.
@@ -159,14 +176,21 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
                 "names the routes of the proxies on it)",
                 at.at(("connections", connection), key=True),
             )
-    for place in registry.proxies():
-        kind = config.connections[place.connection].type
+    for proxy in registry.proxies():
+        kind = config.connections[proxy.connection].type
         _address_name(
             kind,
-            place.queue,
-            f"endpoint {place.endpoint!r} (its proxy on {place.connection!r})",
-            at.at(("endpoints", place.endpoint), key=True),
+            proxy.queue,
+            f"endpoint {proxy.endpoint!r} (its proxy on {proxy.connection!r})",
+            at.at(("endpoints", proxy.endpoint), key=True),
         )
+    for derived in registry.routes():
+        loop = _loop(config, derived)
+        if loop is not None:
+            raise ConfigError(
+                f"endpoint {derived.endpoint!r}, its proxy on {derived.from_.connection!r}: {loop}",
+                at.at(("endpoints", derived.endpoint), key=True),
+            )
     _error_queues(config, at)
     _routes_against_registry(config, registry, at)
 
@@ -234,10 +258,20 @@ def route_warnings(config: BridgeConfig, at: Positions) -> list[str]:
     return out
 
 
-def _literal_secret(raw: str, key: str) -> bool:
-    """Whether a value as written holds a password that is not a ${VAR}, the default of a
-    `${VAR:-default}` included (it is in the file as much as a bare value)."""
-    return any(_holds_password(text, key) for text in (raw, *_DEFAULT.findall(raw)))
+def _defaults_used(raw: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """`raw` as the loader uses it, secrets aside: each `${VAR:-default}` becomes its default
+    where VAR is unset or empty (the loader then uses the default), else `${VAR}` (the value
+    comes from the environment); and the names of the variables whose defaults are used."""
+    used: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.groups()
+        if env.get(name):
+            return f"${{{name}}}"
+        used.append(name)
+        return default
+
+    return _DEFAULT.sub(replace, raw), used
 
 
 def _holds_password(text: str, key: str) -> bool:
@@ -257,13 +291,29 @@ def is_secret(path: tuple[str | int, ...]) -> bool:
     return len(path) == 3 and path[0] == "connections" and path[2] in SECRET_KEYS
 
 
-def credential_warnings(raw: dict[tuple[str | int, ...], str], at: Positions) -> list[str]:
-    """Credentials written into the file instead of taken from the environment."""
+def credential_warnings(
+    raw: dict[tuple[str | int, ...], str], at: Positions, env: Mapping[str, str]
+) -> list[str]:
+    """Credentials written into the file instead of taken from the environment: a literal
+    password, or one in the default of a `${VAR:-default}` that is in use (VAR is not set in
+    `env`). A default the environment overrides is not used, so it is not warned about: a
+    local default such as RabbitMQ's guest:guest is harmless where the variable is set."""
     out = []
     for path, value in raw.items():
-        if is_secret(path) and _literal_secret(value, str(path[2])):
+        if not is_secret(path):
+            continue
+        key = str(path[2])
+        text, defaults = _defaults_used(value, env)
+        if not _holds_password(text, key):
+            continue
+        where = f"{at.at(path)}: warning: connection {path[1]!r} has a password written in "
+        written = _DEFAULT.sub(lambda match: f"${{{match.group(1)}}}", value)  # defaults aside
+        if defaults and not _holds_password(written, key):
+            names = ", ".join(defaults)
             out.append(
-                f"{at.at(path)}: warning: connection {path[1]!r} has a password written in "
-                f"`{path[2]}`; use ${{VAR}} and keep secrets in the environment"
+                f"{where}the default of `{key}`, used because {names} is not set; set {names}, "
+                "or use ${VAR} and keep secrets in the environment"
             )
+        else:
+            out.append(f"{where}`{key}`; use ${{VAR}} and keep secrets in the environment")
     return out

@@ -1,6 +1,8 @@
 """Load routes.yaml: YAML with positions, `${VAR}` / `${VAR:-default}` from the environment,
 strict models, then the cross-field rules. Every error is a `ConfigError` located at
-`FILE:LINE:COLUMN` (1-based), so a user never sees a traceback.
+`FILE:LINE:COLUMN` (1-based), so a user never sees a traceback. What the models refuse is
+reported all at once (`ConfigErrors`, one line each, in file order); the cross-field rules run
+on a config the models accept, and stop at the first they find.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from bridge.config.lint import credential_warnings, is_secret, lint, route_warnings
 from bridge.config.models import BridgeConfig
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, ConfigErrors
 from bridge.transports import TRANSPORTS
 
 __all__ = ["LoadedConfig", "Positions", "load_config", "parse_config"]
@@ -228,18 +231,30 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
 def _validation_error(
     exc: ValidationError, positions: Positions, raw: Mapping[PathKey, str]
 ) -> ConfigError:
-    first = exc.errors()[0]
-    loc = tuple(first["loc"])
+    """Every error of `exc`, each at its place, in the order they stand in the file."""
+    errors = [_located(error, positions, raw) for error in exc.errors()]
+    errors.sort(key=lambda error: _line_col(error.location))
+    unique = list({str(error): error for error in errors}.values())
+    return unique[0] if len(unique) == 1 else ConfigErrors(unique)
+
+
+def _line_col(location: str | None) -> tuple[int, int]:
+    _, line, col = (location or "::").rsplit(":", 2)
+    return (int(line), int(col)) if line.isdigit() and col.isdigit() else (0, 0)
+
+
+def _located(error: ErrorDetails, positions: Positions, raw: Mapping[PathKey, str]) -> ConfigError:
+    loc = tuple(error["loc"])
     # Discriminated unions put the tag into loc ("connections", NAME, "postgresql", ...).
     path = list(loc[:2] + loc[3:]) if loc[:1] == ("connections",) and len(loc) > 2 else list(loc)
-    kind = first["type"]
-    message = first["msg"]
+    kind = error["type"]
+    message = error["msg"]
     shown = _dotted(tuple(path))
     where = positions.at(tuple(path))
     if kind == "extra_forbidden":
         message = f"unknown key {path[-1]!r}"
         where = positions.at(tuple(path), key=True)
-    elif kind == "string_too_short" and first.get("ctx", {}).get("min_length") == 1:
+    elif kind == "string_too_short" and error.get("ctx", {}).get("min_length") == 1:
         written = raw.get(tuple(path), "")
         message = "must not be empty" + (
             f" (the file has {written!r}: a variable or default was empty)"
@@ -250,7 +265,7 @@ def _validation_error(
         message = f"missing required key {path[-1]!r}"
         shown = _dotted(tuple(path[:-1]))
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
-        tag = first.get("ctx", {}).get("tag")
+        tag = error.get("ctx", {}).get("tag")
         known = ", ".join(TRANSPORTS)
         close = difflib.get_close_matches(str(tag), TRANSPORTS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -260,9 +275,7 @@ def _validation_error(
             else f"missing required key 'type' ({known})"
         )
         where = positions.at((*path, "type"))
-    more = len(exc.errors()) - 1
-    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    return ConfigError(f"{shown}: {message}{suffix}" if shown else message + suffix, where)
+    return ConfigError(f"{shown}: {message}" if shown else message, where)
 
 
 def _yaml_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
@@ -328,7 +341,7 @@ def parse_config(
     except ValidationError as exc:
         raise _validation_error(exc, positions, builder.raw) from None
     lint(config, positions)
-    warnings = builder.notes + credential_warnings(builder.raw, positions)
+    warnings = builder.notes + credential_warnings(builder.raw, positions, builder.env)
     warnings += route_warnings(config, positions)
     return LoadedConfig(config, positions, builder.used, warnings)
 

@@ -24,7 +24,8 @@ Guarantees (migrate)
 Modules
     spec      what a task needs (config text, environment values, route), picklable
     ranges    splitting a sequence range
-    session   the SparkSession (local defaults, reuse of an active one)
+    session   the SparkSession (local defaults, reuse of an active one, Spark's output hidden)
+    progress  the status line on a terminal, and Ctrl-C (cancel the jobs, say what was done)
     bounded   a route run until its bounded source is exhausted
     sqltask   a SQL sequence range -> the route's destination
     kafkatask a Kafka partition's offset range -> a SQL queue table
@@ -49,5 +50,5 @@ def require_spark(command: str = "migrate") -> None:
     except ImportError:
         raise BridgeError(
             f"bridge {command} runs on Apache Spark, and PySpark is not installed: "
-            "pip install 'bridge[spark]' (Spark also needs Java 17 or newer)"
+            "pip install './[spark]' in the bridge checkout (Spark also needs Java 17 or newer)"
         ) from None

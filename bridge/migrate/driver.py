@@ -19,15 +19,18 @@ Failures
     retries in the master URL, `local[*,4]`). When a task fails for good the job is cancelled
     and `MigrationFailed` carries the task's own one-line error and the summary of how far the
     job got.
+
+Progress and Ctrl-C (`progress`)
+    On a terminal a status line shows Spark starting, then moved/planned, rate, time left and
+    Spark's stage and tasks; elsewhere an INFO line every `progress_every` seconds. Ctrl-C
+    cancels the job and raises `MigrationInterrupted` with the summary of what moved.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,14 +40,23 @@ from bridge.config.models import BridgeConfig
 from bridge.errors import BridgeError, ConfigError
 from bridge.migrate.bounded import TASK_FAILED, Moved
 from bridge.migrate.plans import Plan, plan_for
+from bridge.migrate.progress import (
+    Interrupted,
+    StatusLine,
+    describe_stages,
+    duration,
+    interruptible,
+    job_group,
+    stages_of,
+)
 from bridge.migrate.session import check_master, spark_session
 from bridge.migrate.spec import JobSpec
 from bridge.telemetry.redact import redactor
 
 if TYPE_CHECKING:
-    from pyspark import RDD, Accumulator, SparkContext
+    from pyspark import Accumulator, SparkContext
 
-__all__ = ["MigrationFailed", "Summary", "migrate"]
+__all__ = ["MigrationFailed", "MigrationInterrupted", "Summary", "migrate"]
 
 log = logging.getLogger("bridge.migrate")
 
@@ -57,6 +69,18 @@ class MigrationFailed(BridgeError):
 
     def __init__(self, message: str, summary: Summary | None = None) -> None:
         super().__init__(message)
+        self.summary = summary
+
+
+class MigrationInterrupted(Interrupted):
+    """Ctrl-C cancelled the job; `summary` says what moved before it stopped."""
+
+    def __init__(self, summary: Summary) -> None:
+        left = "unknown" if summary.left is None else f"{summary.left:,}"
+        super().__init__(
+            f"interrupted: {summary.moved.moved:,} of {summary.planned:,} messages moved, "
+            f"{left} left in the source; run it again to move the rest"
+        )
         self.summary = summary
 
 
@@ -77,6 +101,7 @@ class Summary:
     finished_tasks: int = 0
     retried_tasks: int = 0
     failed: bool = False
+    interrupted: bool = False
     unread: str = ""
 
     @property
@@ -84,7 +109,13 @@ class Summary:
         return self.moved.moved / self.seconds if self.seconds > 0 else 0.0
 
     def describe(self) -> str:
-        outcome = "stopped migrating" if self.failed else "migrated"
+        outcome = (
+            "interrupted migrating"
+            if self.interrupted
+            else "stopped migrating"
+            if self.failed
+            else "migrated"
+        )
         lines = [
             f"{outcome} route {self.route} ({self.source} -> {self.destination})",
             f"  planned  {self.planned}",
@@ -122,8 +153,10 @@ async def migrate(
     master: str | None,
     partitions: int | None = None,
     progress_every: float = 5.0,
+    status: StatusLine | None = None,
 ) -> Summary:
-    """Run the migration of `spec`'s route; raise MigrationFailed when a task failed for good."""
+    """Run the migration of `spec`'s route; raise MigrationFailed when a task failed for good,
+    MigrationInterrupted on Ctrl-C. `status`: the terminal's status line (default: stderr's)."""
     if partitions is not None and partitions < 1:
         raise ConfigError("--partitions must be at least 1")
     check_master(master)
@@ -135,6 +168,8 @@ async def migrate(
     )
     plan = plan_for(config, route)
     failure: MigrationFailed | None = None
+    interrupted = False
+    line = status if status is not None else StatusLine()
     try:
         await plan.check()
         summary.planned = plan.planned
@@ -142,6 +177,13 @@ async def migrate(
             log.info("route %s: nothing to move", route.name)
             return summary
         began = time.monotonic()
+        where = master or "the master spark-submit gives"
+        line.show(
+            lambda: (
+                f"route {route.name}: starting Spark on {where}, "
+                f"{duration(time.monotonic() - began)}"
+            )
+        )
         with spark_session(f"bridge migrate {route.name}", master) as spark:
             sc = spark.sparkContext
             items = plan.items(partitions or 4 * sc.defaultParallelism)
@@ -158,16 +200,33 @@ async def migrate(
             rdd = sc.parallelize(items, len(items)).map(
                 partial(_run_task, plan.task, spec, finished)
             )
+            watch = _Watch(sc, job_group(), plan, route.name, logs=not line.enabled)
+            line.show(watch.render)
             started = time.monotonic()
             try:
-                await _collect(sc, rdd, plan, route.name, progress_every)
-            except MigrationFailed as exc:
-                failure = exc
+                await interruptible(
+                    sc,
+                    watch.group,
+                    f"bridge migrate {route.name}",
+                    rdd.collect,
+                    every=1.0 if line.enabled else progress_every,
+                    tick=watch.tick,
+                )
+            except Interrupted:
+                interrupted = True
+            except Exception as exc:
+                failure = MigrationFailed(f"route {route.name}: {_task_error(exc)}")
+            finally:
+                line.close()  # before Spark stops: the line reads its status tracker
             summary.seconds = time.monotonic() - started
             results: list[Moved] = list(finished.value)
         await _sum_up(summary, plan, results)
     finally:
+        line.close()
         await plan.close()
+    if interrupted:
+        summary.interrupted = True
+        raise MigrationInterrupted(summary)
     if failure is not None:
         summary.failed = True
         failure.summary = summary
@@ -218,58 +277,48 @@ def _finished_tasks(sc: SparkContext) -> Accumulator[list[Moved]]:
     return sc.accumulator([], Appended())
 
 
-async def _collect(
-    sc: SparkContext, rdd: RDD[Moved], plan: Plan, route: str, every: float
-) -> list[Moved]:
-    """Run the job in a thread; log progress every `every` seconds until it ends."""
-    group = f"bridge-migrate-{uuid.uuid4().hex[:12]}"
+class _Watch:
+    """How far the job is: `tick` reads what left the source (every second on a terminal,
+    logging it elsewhere), `render` makes the status line with Spark's stages."""
 
-    def collect() -> list[Moved]:
-        sc.setJobGroup(group, f"bridge migrate {route}", interruptOnCancel=False)
-        return rdd.collect()
+    def __init__(self, sc: SparkContext, group: str, plan: Plan, route: str, *, logs: bool):
+        self.sc, self.group, self.plan, self.route, self.logs = sc, group, plan, route, logs
+        self.done = 0
+        self.started = time.monotonic()
 
-    started = time.monotonic()
-    job = asyncio.ensure_future(asyncio.to_thread(collect))
-    try:
-        while True:
-            finished, _ = await asyncio.wait({job}, timeout=every)
-            if finished:
-                break
-            await _progress(sc, group, plan, route, time.monotonic() - started)
-        return job.result()
-    except asyncio.CancelledError:
-        sc.cancelJobGroup(group)
-        raise
-    except Exception as exc:
-        raise MigrationFailed(f"route {route}: {_task_error(exc)}") from None
+    async def tick(self, elapsed: float) -> None:
+        try:
+            self.done = await self.plan.done()
+        except Exception as exc:  # progress is best effort; the job goes on
+            log.debug("progress of %s unavailable: %s", self.route, exc)
+            return
+        if self.logs:
+            stages = stages_of(self.sc, self.group)
+            log.info(
+                "route %s: %d/%d moved (%.0f%%), %.0f msg/s, tasks %d/%d finished",
+                self.route,
+                self.done,
+                self.plan.planned,
+                self._share(),
+                self.done / elapsed if elapsed > 0 else 0.0,
+                stages.finished,
+                stages.tasks,
+            )
 
+    def render(self) -> str:
+        elapsed = time.monotonic() - self.started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        parts = [
+            f"route {self.route}: {self.done:,}/{self.plan.planned:,} moved ({self._share():.0f}%)",
+            f"{rate:,.0f} msg/s",
+        ]
+        if rate > 0:
+            parts.append(f"~{duration((self.plan.planned - self.done) / rate)} left")
+        parts += [describe_stages(stages_of(self.sc, self.group)), duration(elapsed)]
+        return ", ".join(parts)
 
-async def _progress(sc: SparkContext, group: str, plan: Plan, route: str, elapsed: float) -> None:
-    try:
-        done = await plan.done()
-    except Exception as exc:  # progress is best effort; the job goes on
-        log.debug("progress of %s unavailable: %s", route, exc)
-        return
-    tracker = sc.statusTracker()
-    finished = tasks = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job_id)
-        for stage_id in info.stageIds if info is not None else ():
-            stage = tracker.getStageInfo(stage_id)
-            if stage is not None:
-                finished += stage.numCompletedTasks
-                tasks += stage.numTasks
-    share = 100 * done / plan.planned if plan.planned else 100.0
-    log.info(
-        "route %s: %d/%d moved (%.0f%%), %.0f msg/s, tasks %d/%d finished",
-        route,
-        done,
-        plan.planned,
-        share,
-        done / elapsed if elapsed > 0 else 0.0,
-        finished,
-        tasks,
-    )
+    def _share(self) -> float:
+        return 100 * self.done / self.plan.planned if self.plan.planned else 100.0
 
 
 def _task_error(exc: BaseException) -> str:

@@ -4,10 +4,11 @@
 
 (also `python -m bridge.migrate.job --master local[4] ...`). The master and every Spark setting
 come from spark-submit unless `--master` is given. The executors need `bridge` installed with
-the drivers its connections use (e.g. `pip install 'bridge[postgresql,kafka]'` in their
-image), and every connection reachable from them; routes.yaml is read here and shipped to the
-tasks with the environment variables it references. Output and exit codes are those of
-`bridge migrate`: 0 done, 1 a task failed for good (or Spark could not run), 2 a config error.
+the drivers its connections use (e.g. `pip install './[postgresql,kafka]'` from the checkout,
+in their image), and every connection reachable from them; routes.yaml is read here and shipped
+to the tasks with the environment variables it references. Output and exit codes are those of
+`bridge migrate`: 0 done, 1 a task failed for good (or Spark could not run), 2 a config error,
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     from bridge.errors import BridgeError, ConfigError
-    from bridge.migrate.driver import MigrationFailed, migrate
+    from bridge.migrate.driver import MigrationFailed, MigrationInterrupted, migrate
     from bridge.migrate.spec import JobSpec
     from bridge.telemetry.logs import setup_logging
     from bridge.telemetry.redact import redactor
@@ -51,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(exc.summary.describe(), flush=True)
         print(f"bridge migrate: {redactor(str(exc))}", file=sys.stderr)
         return 1
+    except MigrationInterrupted as exc:
+        print(exc.summary.describe(), flush=True)
+        print(f"bridge migrate: {exc}", file=sys.stderr)
+        return 130
     except BridgeError as exc:
         print(f"bridge migrate: {redactor(str(exc))}", file=sys.stderr)
         return 1

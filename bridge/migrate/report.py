@@ -17,6 +17,12 @@ Figures, per queue
     (poison rows excluded, a missing header counted as `(none)`); the `top` largest messages
     (`NServiceBus.MessageId`, the native id for poison rows; type; size). Percentiles are
     Spark's `percentile_approx`: a value of the data, exact at these sizes.
+
+Progress and Ctrl-C (`progress`)
+    On a terminal a status line shows Spark starting, then the rows read and the ranges done
+    (counted as each task ends), the rate, the time left, and Spark's stage and tasks. Ctrl-C
+    cancels the jobs and raises `Interrupted` saying how far the reading got; nothing is
+    printed of a report cut short.
 """
 
 from __future__ import annotations
@@ -25,11 +31,21 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from bridge.config.models import SQL_TYPES
 from bridge.envelope import TIME_SENT
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.migrate.progress import (
+    Interrupted,
+    StatusLine,
+    describe_stages,
+    duration,
+    interruptible,
+    job_group,
+    stages_of,
+)
 from bridge.migrate.ranges import split
 from bridge.migrate.session import check_master, spark_session
 from bridge.migrate.spec import ShippedConfig
@@ -39,6 +55,7 @@ from bridge.transports.sql import ScannedRow
 from bridge.transports.sql import Transport as SqlTransport
 
 if TYPE_CHECKING:
+    from pyspark import Accumulator, SparkContext
     from pyspark.sql import DataFrame
 
 __all__ = ["SIZE_BUCKETS", "QueueReport", "Report", "build_report", "describe_row"]
@@ -134,6 +151,18 @@ def scan_task(
     return iter(asyncio.run(_scan(shipped, connection, queue, lo, hi)))
 
 
+def _counted_scan(
+    shipped: ShippedConfig,
+    connection: str,
+    read: Accumulator[tuple[int, int]],
+    item: tuple[str, int, int],
+) -> list[tuple[Any, ...]]:
+    """`scan_task`, adding (rows, 1) to `read` for the progress line once the range is read."""
+    rows = list(scan_task(shipped, connection, item))
+    read.add((len(rows), 1))
+    return rows
+
+
 async def _scan(
     shipped: ShippedConfig, connection: str, queue: str, lo: int, hi: int
 ) -> list[tuple[Any, ...]]:
@@ -174,8 +203,10 @@ async def build_report(
     top: int = 10,
     master: str | None,
     partitions: int | None = None,
+    status: StatusLine | None = None,
 ) -> Report:
-    """Scan `queues` of `connection` with Spark and aggregate them (see the module docstring)."""
+    """Scan `queues` of `connection` with Spark and aggregate them (see the module docstring).
+    `status`: the terminal's status line (default: stderr's); Ctrl-C raises Interrupted."""
     if partitions is not None and partitions < 1:
         raise ConfigError("--partitions must be at least 1")
     if top < 0:
@@ -193,25 +224,85 @@ async def build_report(
     report.generated_at = time.time()
     if all(extent is None for extent in bounds.values()):
         return report
-    with spark_session(f"bridge report {connection}", master) as spark:
-        sc = spark.sparkContext
-        parts = partitions or 4 * sc.defaultParallelism
-        items = [
-            (queue, lo, hi)
-            for queue, extent in bounds.items()
-            if extent is not None
-            for lo, hi in split(*extent, parts)
-        ]
-        rows = sc.parallelize(items, len(items)).flatMap(
-            lambda item: scan_task(shipped, connection, item)
+    with status if status is not None else StatusLine() as line:
+        where = master or "the master spark-submit gives"
+        line.show(
+            lambda: (
+                f"report {connection}: starting Spark on {where}, "
+                f"{duration(time.monotonic() - began)}"
+            )
         )
-        frame = spark.createDataFrame(rows, _SCHEMA).cache()
-        try:
-            _aggregate(frame, {q.queue: q for q in report.queues}, report.generated_at, top)
-        finally:
-            frame.unpersist()
+        with spark_session(f"bridge report {connection}", master) as spark:
+            sc = spark.sparkContext
+            parts = partitions or 4 * sc.defaultParallelism
+            items = [
+                (queue, lo, hi)
+                for queue, extent in bounds.items()
+                if extent is not None
+                for lo, hi in split(*extent, parts)
+            ]
+            read = _pairs(sc)
+            rows = sc.parallelize(items, len(items)).flatMap(
+                partial(_counted_scan, shipped, connection, read)
+            )
+            frame = spark.createDataFrame(rows, _SCHEMA).cache()
+            group = job_group()
+            started = time.monotonic()
+            line.show(partial(_status, sc, group, connection, read, len(items), started))
+            reports = {q.queue: q for q in report.queues}
+            try:
+                await interruptible(
+                    sc,
+                    group,
+                    f"bridge report {connection}",
+                    partial(_aggregate, frame, reports, report.generated_at, top),
+                )
+            except Interrupted:
+                raise Interrupted(
+                    f"interrupted after reading {read.value[0]:,} rows "
+                    f"({read.value[1]} of {len(items)} ranges) in "
+                    f"{duration(time.monotonic() - started)}; no report printed"
+                ) from None
+            finally:
+                line.close()  # before Spark stops: the line reads its status tracker
+                frame.unpersist()
     report.seconds = time.monotonic() - began
     return report
+
+
+def _pairs(sc: SparkContext) -> Accumulator[tuple[int, int]]:
+    from pyspark.accumulators import AccumulatorParam
+
+    class Pairs(AccumulatorParam[tuple[int, int]]):
+        def zero(self, value: tuple[int, int]) -> tuple[int, int]:
+            return (0, 0)
+
+        def addInPlace(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+            return (a[0] + b[0], a[1] + b[1])
+
+    return sc.accumulator((0, 0), Pairs())
+
+
+def _status(
+    sc: SparkContext,
+    group: str,
+    connection: str,
+    read: Accumulator[tuple[int, int]],
+    ranges: int,
+    started: float,
+) -> str:
+    """The status line: rows read and ranges done, then the aggregation's stages."""
+    rows, done = read.value
+    elapsed = time.monotonic() - started
+    parts = [f"report {connection}: {rows:,} rows read ({done}/{ranges} ranges)"]
+    if done < ranges:
+        parts.append(f"{rows / elapsed if elapsed > 0 else 0.0:,.0f} rows/s")
+        if done:
+            parts.append(f"~{duration(elapsed * (ranges - done) / done)} left")
+    else:
+        parts.append("aggregating")
+    parts += [describe_stages(stages_of(sc, group)), duration(elapsed)]
+    return ", ".join(parts)
 
 
 def _aggregate(frame: DataFrame, reports: dict[str, QueueReport], now: float, top: int) -> None:

@@ -4,6 +4,14 @@ ServiceControl and ServicePulse read these headers, and their "retry" sends the 
 to `NServiceBus.FailedQ`, the source address in its transport's canonical form, where the
 bridge picks it up again. The body is never changed.
 
+Who failed
+    As an NServiceBus endpoint's recoverability writes them: `NServiceBus.ProcessingEndpoint`
+    is the bridge (`bridge`), `NServiceBus.ProcessingMachine` and `$.diagnostics.hostdisplayname`
+    its host's name, `$.diagnostics.hostid` its host id (`host.py`). ServiceControl files the
+    failure under that endpoint and instance, and lists the instance. The endpoint is the
+    bridge, not the endpoint that owns the source queue: the failure is the bridge's, and
+    ServiceControl would otherwise list a phantom instance of that endpoint on the bridge's host.
+
 Poison messages (headers that cannot be read at all)
     Kafka and RabbitMQ error copies keep the original headers byte for byte and append the
     failure headers (`kafka/headers.py`, `rabbitmq/headers.py`). A SQL Headers column that is
@@ -27,22 +35,26 @@ Retrying a poison copy
 
 from __future__ import annotations
 
-import socket
 import traceback
 from datetime import UTC, datetime
 
 from bridge.envelope import MESSAGE_ID, Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
+from bridge.nservicebus.host import host_id, host_name
 from bridge.nservicebus.wireformat import format_timestamp
 
 __all__ = [
     "DEFAULT_ERROR_QUEUE",
+    "HOST_DISPLAY_NAME",
+    "HOST_ID",
     "RAW_HEADERS",
     "error_copy",
     "failure_headers",
     "returned_poison",
 ]
 
+HOST_ID = "$.diagnostics.hostid"
+HOST_DISPLAY_NAME = "$.diagnostics.hostdisplayname"
 #: Where a route's poison messages go when it names no `error_queue`: on the source's connection.
 DEFAULT_ERROR_QUEUE = "bridge.error"
 RAW_HEADERS = "NServiceBus.Bridge.RawHeaders"
@@ -62,7 +74,8 @@ def _type_name(error: BaseException) -> str:
 def failure_headers(
     error: BaseException | str, failed_q: str, *, exception_type: str | None = None
 ) -> list[tuple[str, str]]:
-    """The headers NServiceBus's recoverability adds to an error-queue copy."""
+    """The headers NServiceBus's recoverability adds to an error-queue copy: the exception's
+    and the host's (see "Who failed" in the module docstring)."""
     if isinstance(error, BaseException):
         kind = exception_type or _type_name(error)
         message = str(error)
@@ -79,7 +92,9 @@ def failure_headers(
         ("NServiceBus.ExceptionInfo.StackTrace", stack),
         ("NServiceBus.TimeOfFailure", format_timestamp(datetime.now(UTC))),
         ("NServiceBus.ProcessingEndpoint", ENDPOINT),
-        ("NServiceBus.ProcessingMachine", socket.gethostname()),
+        ("NServiceBus.ProcessingMachine", host_name()),
+        (HOST_ID, host_id()),
+        (HOST_DISPLAY_NAME, host_name()),
     ]
 
 

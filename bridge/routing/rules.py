@@ -29,15 +29,14 @@ from __future__ import annotations
 from bridge.config.models import DerivedRoute, Route
 from bridge.config.registry import Registry, UnknownAddress
 from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.lifetime import FAILED_Q, PROCESSING_ENDED
 
 __all__ = ["ADDRESS_HEADERS", "TRANSFER", "RouteRules"]
 
 REPLY_TO = "NServiceBus.ReplyToAddress"
-FAILED_Q = "NServiceBus.FailedQ"
 RETRY_ACK = "ServiceControl.Retry.AcknowledgementQueue"
 ADDRESS_HEADERS = (REPLY_TO, FAILED_Q, RETRY_ACK)
 TRANSFER = "NServiceBus.Bridge.Transfer"
-PROCESSING_ENDED = "NServiceBus.ProcessingEnded"
 RETRY_ID = "ServiceControl.Retry.UniqueMessageId"
 BRIDGE_FAILED_Q = "NServiceBus.MessagingBridge.FailedQ"
 

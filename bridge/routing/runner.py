@@ -18,8 +18,9 @@ Pipeline
     received ahead of it goes back to the source too.
 
 State
-    Each loop has its own state and the route's is derived from them: `backoff` when any loop
-    is in backoff, `running` only when every loop is, else `starting`. A loop is running once
+    Each loop has its own state and the route's is derived from them: `failing` when any loop
+    is failing (below), else `backoff` when any loop is in backoff, `running` only when every
+    loop is, else `starting`. A loop is running once
     its `probe` (reaching the source and the destination) has passed and a receive returned:
     a sink that connects at its first send, behind an empty source, cannot make an unreachable
     destination look ready. The probe runs when the loop starts and again after each backoff,
@@ -27,9 +28,14 @@ State
 
 Failures
     A retriable error (`retriable = True` on the `BridgeError` class) puts the loop into backoff
-    (capped exponential, jittered) and it retries on its own. Any other error is retried the same
-    way while the service runs, with the route shown as failing; with `stop_on_fatal` (the
-    `--until-idle` mode) it stops the route instead, so a drain does not spin forever.
+    (capped exponential, jittered: 0.1 s doubling to 30 s) and it retries on its own. Any other
+    error (a refused login, `AccessRefused`; a missing table or queue; an untranslated driver
+    error) will not go away by retrying, but someone may fix it while the service runs (a
+    password changed back, a grant, `bridge install`): the loop is `failing`, logs the error at
+    ERROR saying so, and tries again slowly (1 s doubling to `PERMANENT_RETRY_MAX`, 5 minutes),
+    so a refused login is not repeated often enough to lock an account or flood the server's
+    log. With `stop_on_fatal` (the `--until-idle` mode) such an error stops the route instead,
+    so a drain does not spin forever.
 
 Logs
     State changes (INFO), each failure with its retry (WARNING) and each batch that sent
@@ -59,6 +65,9 @@ from bridge.telemetry.tracing import RouteTracing
 __all__ = ["RouteRunner", "RouteStats"]
 
 log = logging.getLogger("bridge.route")
+
+#: The longest wait between two attempts of a loop whose error will not go away by retrying.
+PERMANENT_RETRY_MAX = 300.0
 
 #: Opens one loop's own source and sink (each loop has its own connections).
 Endpoints = Callable[[], tuple[Source, Sink]]
@@ -107,7 +116,9 @@ class RouteRunner:
         self._loop_states = ["starting"] * route.concurrency
         self._in_hand = [0] * route.concurrency  # messages each loop has received, not settled
         self._polled_at: float | None = None
+        self._empty_at: list[float | None] = [None] * route.concurrency  # each loop's last look
         self.stats = RouteStats()
+        self.started_at = time.monotonic()
         self.metrics = metrics or Metrics().for_route(route.name)
         self.tracing = tracing or RouteTracing(route)
         self.fatal: BaseException | None = None
@@ -119,14 +130,32 @@ class RouteRunner:
         0 while a loop is busy, in backoff, or has not yet looked at its source: a Kafka
         consumer still joining its group has not seen an empty topic.
         """
-        if self._busy or self._polled_at is None or self.stats.state == "backoff":
+        if self._busy or self._polled_at is None or self.stats.state in ("backoff", "failing"):
             return 0.0
         return time.monotonic() - max(self.stats.last_activity, self._polled_at)
+
+    @property
+    def drained(self) -> bool:
+        """Whether every loop has found the source empty since the route last forwarded.
+
+        A loop's look counts only once it is ready (see `idle_for`); a loop in backoff, or
+        one whose last receive brought messages, has not found it empty.
+        """
+        if self._busy or self.stats.state == "backoff":
+            return False
+        since = self.stats.last_activity
+        return all(at is not None and at >= since for at in self._empty_at)
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds from the route's start to the end of its last batch (0: it had none)."""
+        return max(0.0, self.stats.last_activity - self.started_at)
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
+        self.started_at = time.monotonic()
         loops = [
             asyncio.create_task(self._loop(i), name=f"{self.route.name}#{i}")
             for i in range(self.route.concurrency)
@@ -156,7 +185,9 @@ class RouteRunner:
         self._loop_states[index] = state
         if self.stats.state in ("failed", "stopped"):
             return
-        if "backoff" in self._loop_states:
+        if "failing" in self._loop_states:
+            self._set_state("failing")
+        elif "backoff" in self._loop_states:
             self._set_state("backoff")
         elif all(s == "running" for s in self._loop_states):
             self._set_state("running")
@@ -166,6 +197,7 @@ class RouteRunner:
     async def _loop(self, index: int) -> None:
         source, sink = self._endpoints()
         backoff = Backoff()
+        slow = Backoff(initial=1.0, maximum=PERMANENT_RETRY_MAX)  # for what retrying cannot fix
         reached = self._probe is None
         route = self.route
         receiver = Receiver(source, route.batch_size, route.batch_bytes, self._poll_timeout)
@@ -175,11 +207,13 @@ class RouteRunner:
                     if not reached and self._probe is not None:
                         await self._probe()
                         reached = True
-                    await self._forward_one_batch(index, receiver, sink)
-                    self._mark_polled(index, source)
+                    empty = await self._forward_one_batch(index, receiver, sink)
+                    self._mark_polled(index, source, empty)
                     backoff.reset()
+                    slow.reset()
                 except Exception as exc:  # an untranslated driver error must not kill the route
                     aborted, self._in_hand[index] = self._in_hand[index], 0
+                    self._empty_at[index] = None
                     retriable = isinstance(exc, BridgeError) and exc.retriable
                     if not retriable and self._stop_on_fatal:
                         self.fatal = exc
@@ -187,12 +221,15 @@ class RouteRunner:
                         self.stop()
                         return
                     reached = self._probe is None
-                    await self._back_off(index, exc, backoff, aborted)
+                    if retriable:
+                        await self._back_off(index, exc, backoff, aborted)
+                    else:
+                        await self._back_off(index, exc, slow, aborted, permanent=True)
         finally:
             await receiver.discard()
             await _close(source, sink)
 
-    def _mark_polled(self, index: int, source: Source) -> None:
+    def _mark_polled(self, index: int, source: Source, empty: bool) -> None:
         """Track whether each loop's last receive really looked at an empty source.
 
         A source may say otherwise through `Readiness` (a Kafka consumer still joining its
@@ -202,14 +239,18 @@ class RouteRunner:
             self._not_ready.discard(index)
             if not self._not_ready and self._polled_at is None:
                 self._polled_at = time.monotonic()
+            self._empty_at[index] = time.monotonic() if empty else None
         else:
             self._not_ready.add(index)
             self._polled_at = None
+            self._empty_at[index] = None
 
-    async def _forward_one_batch(self, index: int, receiver: Receiver, sink: Sink) -> None:
+    async def _forward_one_batch(self, index: int, receiver: Receiver, sink: Sink) -> bool:
+        """Receive a batch and forward it; whether it was empty."""
         batch = await receiver.take()
+        empty = not (batch.messages or batch.poison or batch.expired)
         async with batch:
-            if batch.messages or batch.poison or batch.expired:
+            if not empty:
                 self._busy += 1
                 count = self._in_hand[index] = len(batch.messages) + len(batch.poison)
                 started = time.perf_counter()
@@ -229,6 +270,7 @@ class RouteRunner:
                 await batch.commit()
         if self._loop_states[index] != "running":
             self._set_loop_state(index, "running")
+        return empty
 
     async def _forward(self, batch: ReceivedBatch, sink: Sink) -> None:
         now = time.time()
@@ -351,22 +393,36 @@ class RouteRunner:
             await sink.send([], batch.checkpoint)
         return accepted
 
-    async def _back_off(self, index: int, exc: Exception, backoff: Backoff, aborted: int) -> None:
-        """Wait before the loop tries again; `aborted` messages went back to the source."""
+    async def _back_off(
+        self, index: int, exc: Exception, backoff: Backoff, aborted: int, *, permanent: bool = False
+    ) -> None:
+        """Wait before the loop tries again; `aborted` messages went back to the source.
+        `permanent`: the error will not go away by retrying (see the module docstring)."""
         self.stats.retried += 1
         self.stats.retried_messages += aborted
         self.metrics.retried(aborted)
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
         self.stats.last_error_at = time.time()
         delay = backoff.next_delay()
-        self._set_loop_state(index, "backoff")
-        log.warning(
-            "route %s: %s; retrying in %.2fs",
-            self.route.name,
-            self.stats.last_error,
-            delay,
-            extra={"route": self.route.name, "state": self.stats.state},
-        )
+        self._set_loop_state(index, "failing" if permanent else "backoff")
+        extra = {"route": self.route.name, "state": self.stats.state}
+        if permanent:
+            log.error(
+                "route %s: %s; this will not go away on its own: fix it (the credentials, the "
+                "permissions, or what is missing) and the route resumes; trying again in %.0fs",
+                self.route.name,
+                self.stats.last_error,
+                delay,
+                extra=extra,
+            )
+        else:
+            log.warning(
+                "route %s: %s; retrying in %.2fs",
+                self.route.name,
+                self.stats.last_error,
+                delay,
+                extra=extra,
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 

@@ -7,19 +7,24 @@ shows comes from a `Status`: `RunnerStatus` for the routes of this process, or, 
 
 - `/healthz`: 200 while the process runs.
 - `/readyz`: 200 when every route is running (its source and destination reached, no loop in
-  backoff), else 503 with each waiting route and its state.
+  backoff or failing), else 503 with each waiting route and its state.
 - `/metrics`: Prometheus text from the prometheus_client registry the OpenTelemetry reader feeds.
 - `/routes`: JSON with each route's state, counters and last error; a route the registry
   derives names its `endpoint`.
 
 A client that drops the connection early (a probe that times out, a load balancer's TCP check)
 is worth one DEBUG line, not a traceback; any other failure of a request is logged as an error.
+An address the server cannot listen on (taken by another process, a port below 1024 without
+the privilege, a host that is not this machine's) is `CannotListen`, which says which
+`host:port` and why; `bridge run` adds where the config's `http` block says so.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -28,10 +33,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from bridge.config.models import DerivedRoute
+from bridge.errors import BridgeError
 from bridge.routing.runner import RouteRunner
 from bridge.telemetry.redact import redactor
 
-__all__ = ["HealthServer", "RunnerStatus", "Status", "route_report"]
+__all__ = ["CannotListen", "HealthServer", "RunnerStatus", "Status", "route_report"]
 
 log = logging.getLogger("bridge.http")
 
@@ -105,11 +111,44 @@ class _Server(ThreadingHTTPServer):
             log.error("request from %s failed", client, exc_info=exc)
 
 
+#: What to do about the errors an address is refused with.
+_ADVICE = {
+    errno.EADDRINUSE: "another process listens there (another bridge?): stop it or choose "
+    "another http.port",
+    errno.EACCES: "permission denied: ports below 1024 need privileges; choose another http.port",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address: check http.host",
+}
+
+
+class CannotListen(BridgeError):
+    """The HTTP server cannot listen on `host:port`; `location` is the config's `http` block
+    (`FILE:LINE:COL`) once the caller knows it."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = error.strerror or str(error)
+        if isinstance(error, socket.gaierror):
+            reason = f"unknown host ({reason}): check http.host"
+        elif error.errno in _ADVICE:
+            reason = f"{reason}: {_ADVICE[error.errno]}"
+        self.message = f"http: cannot listen on {address}: {reason}"
+        #: The `http` key at fault: the port when it is taken or privileged, else the host.
+        self.key = "port" if error.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
+        self.location: str | None = None
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}" if self.location else self.message
+
+
 class HealthServer:
     def __init__(self, host: str, port: int, status: Status) -> None:
         self._status = status
         handler = self._handler()
-        self._server = _Server((host, port), handler)
+        try:
+            self._server = _Server((host, port), handler)
+        except OSError as exc:
+            raise CannotListen(host, port, exc) from None
         self._server.daemon_threads = True
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)

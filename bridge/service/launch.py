@@ -3,7 +3,12 @@ or it is the primary of `--workers N` (see `bridge.service.workers`).
 
 A worker is started as `bridge run` with the primary's own options, plus the hidden
 `--worker-index` and `--worker-fd`; it serves its status on a port of its own on 127.0.0.1
-and the primary serves the configured one.
+and the primary serves the configured one. A configured address it cannot listen on ends the
+run with the `http` block's `FILE:LINE:COL` and the address (`CannotListen`).
+
+With `--until-idle`, the run ends by printing what each route did on stdout
+(`bridge.service.summary`): this process's own, or, as a primary, its workers' added up (a
+worker hands its summary to the primary and prints none).
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bridge.config.loader import load_config
 from bridge.config.models import BridgeConfig, HttpConfig
+from bridge.errors import BridgeError
+from bridge.service.http import CannotListen
 from bridge.service.supervisor import Supervisor
 from bridge.service.tuning import tune_process
 from bridge.service.workers import WorkerLink, Workers
@@ -49,6 +57,25 @@ class RunOptions:
 
 async def run(config: BridgeConfig, options: RunOptions) -> int:
     """Run the routes of `config` (those named in `options.routes`, else all); the exit code."""
+    try:
+        return await _run(config, options)
+    except CannotListen as exc:
+        exc.location = _http_location(options.config_path, exc.key)
+        raise
+
+
+def _http_location(config_path: str, key: str) -> str | None:
+    """`FILE:LINE:COL` of `http.<key>` (of the `http` block when the key is not written), read
+    from the config file again: the supervisor gets the config without its positions. None
+    when the file cannot be read any more."""
+    try:
+        positions = load_config(config_path, offline=True).positions
+    except (BridgeError, OSError):
+        return None
+    return positions.at(("http", key))
+
+
+async def _run(config: BridgeConfig, options: RunOptions) -> int:
     if options.workers > 1 and options.worker_index is None:
         return await _primary(config, options)
     link = None
@@ -62,7 +89,10 @@ async def run(config: BridgeConfig, options: RunOptions) -> int:
         config, routes=options.routes or None, until_idle=options.until_idle, link=link
     )
     tune_process()
-    return await supervisor.run()
+    code = await supervisor.run()
+    if options.until_idle is not None and link is None:
+        print(supervisor.summary().describe(), flush=True)
+    return code
 
 
 async def _primary(config: BridgeConfig, options: RunOptions) -> int:
@@ -76,4 +106,7 @@ async def _primary(config: BridgeConfig, options: RunOptions) -> int:
         http=http,
         until_idle=options.until_idle is not None,
     )
-    return await workers.run()
+    code = await workers.run()
+    if options.until_idle is not None:
+        print(workers.summary().describe(), flush=True)
+    return code

@@ -1,9 +1,12 @@
 """Runs the routes of a config: one transport per connection, one RouteRunner per route.
 
 SIGTERM/SIGINT: every loop finishes the batch in hand, commits, and the process exits 0.
-`until_idle`: exit 0 once every route has received nothing for that many seconds; a route that
-fails for good in that mode stops the run at once (the other routes finish the batches in hand)
-and makes it exit 1 with the route's error.
+`until_idle`: exit 0 once every loop of every route has found its source empty since the
+route last forwarded, and stayed so for that many seconds (0: drain, then stop; a receive
+then waits the full poll timeout before it counts as empty, so a broker's deliveries in
+flight are not taken for an empty queue); a route that fails for good in that mode stops the
+run at once (the other routes finish the batches in hand) and makes it exit 1 with the
+route's error. `summary()` is what each route did, which `bridge run` prints in that mode.
 
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
@@ -16,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 
 from bridge.config.models import BridgeConfig, Route
@@ -31,6 +35,7 @@ from bridge.protocols import (
 from bridge.routing.rules import RouteRules
 from bridge.routing.runner import Probe, RouteRunner
 from bridge.service.http import HealthServer, RunnerStatus
+from bridge.service.summary import RouteSummary, RunSummary
 from bridge.service.workers import WorkerLink
 from bridge.telemetry.metrics import Metrics
 from bridge.transports import load
@@ -55,7 +60,8 @@ class Supervisor:
         self.routes = [r for r in config.all_routes if not routes or r.name in routes]
         self.registry = Registry(config)
         self.until_idle = until_idle
-        self.poll_timeout = poll_timeout if until_idle is None else min(poll_timeout, until_idle)
+        # A shorter wait finds idle sooner; 0 waits the full timeout (the module docstring).
+        self.poll_timeout = min(poll_timeout, until_idle) if until_idle else poll_timeout
         self.depth_every = depth_every
         self.transports: dict[str, Transport] = {}
         self._position_stores: dict[str, CheckpointStore | None] = {}
@@ -64,6 +70,8 @@ class Supervisor:
         self.http: HealthServer | None = None
         self.link = link
         self._stopping = asyncio.Event()
+        self._started = time.monotonic()
+        self._ended: float | None = None
 
     def _transport(self, name: str) -> Transport:
         if name not in self.transports:
@@ -152,13 +160,33 @@ class Supervisor:
 
     async def _watch_idle(self) -> None:
         assert self.until_idle is not None
+        wanted = self.until_idle
         while not self._stopping.is_set():
-            if all(r.idle_for >= self.until_idle for r in self.runners):
-                log.info("every source idle for %.1fs: stopping", self.until_idle)
+            if all(r.drained and r.idle_for >= wanted for r in self.runners):
+                if wanted:
+                    log.info("every source idle for %.1fs: stopping", wanted)
+                else:
+                    log.info("every source drained: stopping")
                 self.stop()
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=min(0.1, self.until_idle))
+                await asyncio.wait_for(self._stopping.wait(), timeout=min(0.1, wanted or 0.1))
+
+    def summary(self) -> RunSummary:
+        """What each route did, and how long the run took (so far, while it runs)."""
+        routes = [
+            RouteSummary(
+                r.route.name,
+                r.stats.forwarded,
+                r.stats.expired,
+                r.stats.poison,
+                r.busy_seconds,
+                r.fatal is not None,
+            )
+            for r in self.runners
+        ]
+        end = time.monotonic() if self._ended is None else self._ended
+        return RunSummary(routes, end - self._started)
 
     async def _watch_depths(self) -> None:
         """Refresh each route's source depth gauge now and then; failures only log."""
@@ -176,6 +204,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        self._started = time.monotonic()
         try:
             self.runners = [self._runner(route) for route in self.routes]
             if self.config.http is not None:
@@ -194,12 +223,15 @@ class Supervisor:
                 tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))
             log.info("running %d route(s)", len(self.runners))
             await asyncio.gather(*tasks)
+            self._ended = time.monotonic()
             self._stopping.set()
             await depths
         finally:
             if self.http is not None:
                 self.http.stop()
             if self.link is not None:
+                if self.until_idle is not None:  # the primary prints the whole run's
+                    self.link.report(self.summary().to_json())
                 self.link.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

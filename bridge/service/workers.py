@@ -15,12 +15,14 @@ Primary
     with `--until-idle` it starts none again and exits with the worst worker's exit code.
     SIGTERM/SIGINT go to every worker (each finishes its batch in hand and commits) and the
     primary exits once all have. It serves /healthz, /readyz, /routes and /metrics for the
-    whole process tree (below).
+    whole process tree (below). With `--until-idle` it prints the run's summary: the routes'
+    counts of every worker added up (`bridge.service.summary`).
 
 Workers
     Each serves its own /routes and /metrics on 127.0.0.1, on a port it picks, and tells the
-    primary the port over a socket pair it inherits. It stops as on SIGTERM when the primary's
-    end of that pair closes, so a primary killed with -9 leaves no worker running on.
+    primary the port over a socket pair it inherits (a line with the number), and with
+    `--until-idle` its summary as it ends (a line of JSON). It stops as on SIGTERM when the
+    primary's end of that pair closes, so a primary killed with -9 leaves no worker running on.
 
 Status
     /readyz is ready when every worker is up and every route running in each. /routes gives
@@ -47,6 +49,7 @@ from typing import Any
 
 from bridge.routing.retry import Backoff
 from bridge.service.http import HealthServer
+from bridge.service.summary import RunSummary
 
 __all__ = ["WorkerLink", "Workers", "merge_metrics", "merge_routes"]
 
@@ -57,7 +60,7 @@ HEALTHY_RUN_SECONDS = 60.0
 #: How long the primary waits for a worker's status before counting it as down.
 STATUS_TIMEOUT = 2.0
 
-_SEVERITY = {"failed": 4, "backoff": 3, "starting": 2, "stopped": 1, "running": 0}
+_SEVERITY = {"failed": 5, "failing": 4, "backoff": 3, "starting": 2, "stopped": 1, "running": 0}
 _COUNTERS = ("forwarded", "expired", "poison", "retried", "retried_messages", "batches")
 
 
@@ -70,6 +73,14 @@ class WorkerLink:
     def announce(self, port: int) -> None:
         """Tell the primary where this worker serves its status (0: it serves none)."""
         self._sock.sendall(f"{port}\n".encode())
+
+    def report(self, summary: dict[str, Any]) -> None:
+        """Hand the primary this worker's summary of an `--until-idle` run, as it ends."""
+        self._sock.setblocking(True)
+        try:
+            self._sock.sendall(json.dumps(summary).encode() + b"\n")
+        except OSError as exc:  # the primary is gone: nobody to tell
+            log.debug("summary not handed to the primary: %s", exc)
 
     def watch(self, loop: asyncio.AbstractEventLoop, on_gone: Callable[[], None]) -> None:
         """Call `on_gone` once the primary's end closes (the primary exited or was killed)."""
@@ -102,6 +113,7 @@ class _Worker:
     port: int | None = None
     restarts: int = 0
     exit_code: int | None = None
+    summary: RunSummary | None = None
 
 
 def _describe_exit(code: int) -> str:
@@ -134,6 +146,8 @@ class Workers:
         self.http: HealthServer | None = None
         self._processes: dict[int, asyncio.subprocess.Process] = {}
         self._stopping = asyncio.Event()
+        self._started = time.monotonic()
+        self._ended: float | None = None
 
     def stop(self) -> None:
         running = [p for p in self._processes.values() if p.returncode is None]
@@ -144,10 +158,27 @@ class Workers:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
 
+    def summary(self) -> RunSummary:
+        """The workers' summaries of an `--until-idle` run as one (`bridge.service.summary`)."""
+        end = time.monotonic() if self._ended is None else self._ended
+        parts = [w.summary for w in self.workers if w.summary is not None]
+        merged = RunSummary.merge(parts, self.route_names, end - self._started)
+        for worker in self.workers:
+            if worker.summary is None:
+                how = (
+                    "" if worker.exit_code is None else f" (it {_describe_exit(worker.exit_code)})"
+                )
+                merged.notes.append(
+                    f"worker {worker.index} handed in no summary{how}: its messages are not "
+                    "counted above"
+                )
+        return merged
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        self._started = time.monotonic()
         try:
             if self.http_address is not None:
                 host, port = self.http_address
@@ -155,6 +186,7 @@ class Workers:
                 log.info("serving /healthz /readyz /metrics /routes on port %d", self.http.port)
             log.info("running %d worker process(es)", self.count)
             await asyncio.gather(*(self._keep(worker) for worker in self.workers))
+            self._ended = time.monotonic()
         finally:
             self.stop()
             if self.http is not None:
@@ -212,11 +244,16 @@ class Workers:
             if self._stopping.is_set():  # a stop that came while it was starting
                 process.send_signal(signal.SIGTERM)
             log.info("worker %d started (pid %d)", worker.index, process.pid)
-            announced = asyncio.create_task(self._read_port(primary_end, worker))
+            worker.summary = None
+            reading = asyncio.create_task(self._read_link(primary_end, worker))
             try:
-                return await process.wait()
+                code = await process.wait()
+                # What it wrote before it exited is still to be read; then its end is closed.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(reading), timeout=STATUS_TIMEOUT)
+                return code
             finally:
-                announced.cancel()
+                reading.cancel()
                 worker.port = None
                 self._processes.pop(worker.index, None)
         finally:
@@ -224,17 +261,24 @@ class Workers:
             primary_end.close()
 
     @staticmethod
-    async def _read_port(sock: socket.socket, worker: _Worker) -> None:
+    async def _read_link(sock: socket.socket, worker: _Worker) -> None:
+        """The worker's port line, then its summary line, until it closes its end."""
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         data = b""
-        while not data.endswith(b"\n"):
-            chunk = await loop.sock_recv(sock, 64)
+        lines = 0
+        while True:
+            chunk = await loop.sock_recv(sock, 65536)
             if not chunk:
-                return  # the worker went before it served
+                return  # the worker went
             data += chunk
-        port = int(data)
-        worker.port = port or None
+            while b"\n" in data:
+                line, data = data.split(b"\n", 1)
+                lines += 1
+                if lines == 1:
+                    worker.port = int(line) or None
+                else:
+                    worker.summary = RunSummary.from_json(json.loads(line))
 
 
 class WorkersStatus:
@@ -307,7 +351,7 @@ def merge_routes(
                 continue
             for key in _COUNTERS:
                 into[key] += route[key]
-            if _SEVERITY.get(route["state"], 4) > _SEVERITY.get(into["state"], 4):
+            if _SEVERITY.get(route["state"], 5) > _SEVERITY.get(into["state"], 5):
                 into["state"] = route["state"]
             if (route["last_error_at"] or 0) > (into["last_error_at"] or 0):
                 into["last_error"], into["last_error_at"] = (

@@ -53,7 +53,7 @@ def load(name: str, config: Any) -> Transport:
         extra = {"postgresql": "postgresql", "sqlserver": "sqlserver"}.get(kind, kind)
         raise ConfigError(
             f"connection {name!r} needs the optional dependency {exc.name!r}: "
-            f"pip install 'bridge[{extra}]'"
+            f"pip install './[{extra}]' in the bridge checkout"
         ) from exc
     transport: Transport = getattr(module, attr)(name, config)
     return transport

@@ -3,12 +3,14 @@ body unchanged, with the failure headers ServiceControl reads; the rest of the b
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
 
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import MessageRejected
+from bridge.nservicebus.host import host_id
 from bridge.protocols import ReceivedBatch, Source
 from tests.contract.conftest import PATIENCE, Place, nothing_more, receive
 
@@ -26,6 +28,12 @@ def assert_failure_headers(headers: Headers, place: Place, exception_type: str) 
     assert headers.get("NServiceBus.ExceptionInfo.Message")
     assert (headers.get("NServiceBus.TimeOfFailure") or "").endswith(" Z")
     assert headers.get("NServiceBus.ProcessingEndpoint") == "bridge"
+    # The host ServiceControl files the failure under (CORE RecoverabilityComponent.cs:150-156;
+    # SC EndpointDetailsParser.cs:40-53 needs a Guid in $.diagnostics.hostid for a HostId):
+    # this bridge's host (tests/unit/test_nservicebus_deadletter.py pins how it is made).
+    assert headers.get("$.diagnostics.hostid") == host_id()
+    assert headers.get("$.diagnostics.hostdisplayname") == socket.gethostname()
+    assert headers.get("NServiceBus.ProcessingMachine") == socket.gethostname()
 
 
 async def whole_batch(source: Source, count: int) -> ReceivedBatch:

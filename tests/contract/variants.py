@@ -83,6 +83,10 @@ class Variant:
     print_only_lines: Lines | None = None
     #: The connection's name appears in an unreachable error's message.
     names_connection_when_unreachable: bool = True
+    #: What `offline` points at may come back (a server starting): its errors are retriable.
+    #: SQLite has no server: its file in a directory that does not exist will not appear by
+    #: retrying, so its errors are not retriable (and name the file).
+    offline_comes_back: bool = True
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -222,6 +226,7 @@ VARIANTS = [
         offline=sqlite_offline,
         put_poison=sqlite_poison,
         duplicate_headers=False,
+        offline_comes_back=False,
     ),
     Variant(
         "postgresql",
@@ -253,7 +258,6 @@ VARIANTS = [
         put_poison=rabbitmq_poison,
         duplicate_headers=False,
         native_ids=False,  # the message_id property, which any number of messages may share
-        install_lines=rabbitmq_declares,
-        print_only_lines=rabbitmq_declares,
+        install_lines=rabbitmq_declares,  # printed as management API requests: not per name
     ),
 ]

@@ -28,6 +28,7 @@ from bridge.transports import load
 from bridge.transports.sql.chain import CHAIN
 from tests.conftest import unique
 from tests.faults import BridgeProcess, report
+from tests.support.queues import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -123,18 +124,7 @@ class Rig:
         return set(ids)
 
     async def pg_ids(self, queue: str) -> list[str]:
-        source = self.pg.source(queue)
-        got: list[str] = []
-        try:
-            while True:
-                batch = await source.receive_batch(1000, 0.2)
-                async with batch:
-                    got.extend(e.message_id or "" for e in batch.messages)
-                    await batch.commit()
-                if not batch.messages:
-                    return got
-        finally:
-            await source.close()
+        return [e.message_id or "" for e in await drain(self.pg, queue, 1000)]
 
     async def pg_depth(self, queue: str) -> int:
         return (await self.pg.peek(queue)).depth

@@ -24,6 +24,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
 from tests.conftest import unique
+from tests.support.queues import drain
 
 pytestmark = pytest.mark.integration
 
@@ -89,18 +90,7 @@ class Setup:
         return connection.channel()
 
     async def drain(self, queue: str) -> list[Envelope]:
-        source = self.db.source(queue)
-        got: list[Envelope] = []
-        try:
-            while True:
-                batch = await source.receive_batch(500, 0.2)
-                async with batch:
-                    got.extend(batch.messages)
-                    await batch.commit()
-                if not batch.messages:
-                    return got
-        finally:
-            await source.close()
+        return await drain(self.db, queue)
 
     async def close(self) -> None:
         await self.db.close()
@@ -169,8 +159,8 @@ async def test_check_and_print_only_install(setup: Setup) -> None:
     out = await asyncio.to_thread(setup.run, "check", "--connect")
     assert "rabbit: OK" in out
     printed = await asyncio.to_thread(setup.run, "install", "--print-sql")
-    assert f"queue.declare queue={setup.queue!r} durable=true" in printed
-    assert f"exchange.declare exchange={setup.rabbit_errors!r} type=fanout" in printed
+    assert f"/api/queues/%2F/{setup.queue}\n" in printed
+    assert f"/api/exchanges/%2F/{setup.rabbit_errors}\n" in printed
 
 
 async def wait_for_log(process: subprocess.Popen[str], log: Path, text: str, times: int) -> None:

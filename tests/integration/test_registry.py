@@ -33,6 +33,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
 from tests.conftest import unique
+from tests.support.queues import drain
 
 pytestmark = pytest.mark.integration
 
@@ -125,18 +126,7 @@ class Site:
         return message_id
 
     async def drain_pg(self, table: str) -> list[Envelope]:
-        source = self.pg.source(table)
-        got: list[Envelope] = []
-        try:
-            while True:
-                batch = await source.receive_batch(500, 0.2)
-                async with batch:
-                    got.extend(batch.messages)
-                    await batch.commit()
-                if not batch.messages:
-                    return got
-        finally:
-            await source.close()
+        return await drain(self.pg, table)
 
     def run(self) -> None:
         bridge(self.config, "run", "--until-idle", "2")

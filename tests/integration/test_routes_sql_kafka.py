@@ -33,6 +33,7 @@ from bridge.transports.sql import PositionMoved
 from tests.conftest import unique
 from tests.integration.test_http import get, wait_for
 from tests.support.localkafka import free_port
+from tests.support.queues import drain
 
 pytestmark = pytest.mark.integration
 
@@ -161,18 +162,7 @@ class Setup:
         return sent
 
     async def drain_sql(self, queue: str) -> list[Envelope]:
-        source = self.db.source(queue)
-        got: list[Envelope] = []
-        try:
-            while True:
-                batch = await source.receive_batch(500, 0.2)
-                async with batch:
-                    got.extend(batch.messages)
-                    await batch.commit()
-                if not batch.messages:
-                    return got
-        finally:
-            await source.close()
+        return await drain(self.db, queue)
 
     async def read_topic(
         self, expected: int, timeout: float = 30, topics: Sequence[str] = ()

@@ -95,6 +95,18 @@ class Db:
         with self._cursor() as cursor:
             cursor.execute(f"DELETE FROM {self.table(name)}")
 
+    def expiring(self, name: str) -> list[bool]:
+        """Whether each row has an `Expires`, in queue order."""
+        with self._cursor() as cursor:
+            cursor.execute(f"SELECT expires IS NOT NULL FROM {self.table(name)} ORDER BY seq")
+            return [bool(row[0]) for row in cursor.fetchall()]
+
+    def expire_in_the_year_2999(self, name: str) -> None:
+        """Give every row an `Expires`, as a foreign writer may."""
+        year_2999 = "2999-01-01T00:00:00.000Z" if self.kind == "sqlite" else "2999-01-01"
+        with self._cursor() as cursor:
+            cursor.execute(self._sql(f"UPDATE {self.table(name)} SET expires = ?"), (year_2999,))
+
     def rows(self, name: str) -> list[tuple[str, str | bytes, bytes]]:
         """Headers as text where they are valid UTF-8, else as the bytes the TEXT column holds."""
         if self.kind == "postgresql":
@@ -538,6 +550,25 @@ async def test_a_lifetime_past_the_year_9999_never_expires(db: Db) -> None:
     got = await drain(db, name)
     assert ids(got) == ["id-0", "id-1", "id-2"]
     assert [e.expires_at is None for e in got] == [True, True, False]  # 2900000 d: year 9966
+
+
+async def test_error_and_audit_copies_are_written_and_read_without_a_lifetime(db: Db) -> None:
+    """product.md, delivery semantics: a copy carrying NServiceBus.FailedQ or
+    NServiceBus.ProcessingEnded never expires (NServiceBus@1d53488
+    src/NServiceBus.Core/Recoverability/MoveToError.cs:45-57 sends error copies with no time to
+    live); Expires decides for every other row."""
+    name = await queue(db)
+    live, failed, audited = message(0), message(1), message(2)
+    failed.headers.add("NServiceBus.FailedQ", "Sales")
+    audited.headers.add("NServiceBus.ProcessingEnded", "2026-04-29 21:56:55:590807 Z")
+    for envelope in (live, failed, audited):
+        envelope.expires_at = time.time() + 600
+    await send(db, name, [live, failed, audited])
+    assert db.expiring(name) == [True, False, False]
+    db.expire_in_the_year_2999(name)
+    got = await drain(db, name)
+    assert ids(got) == ["id-0", "id-1", "id-2"]
+    assert [e.expires_at is None for e in got] == [False, True, True]
 
 
 POISON: list[str | bytes] = [

@@ -26,7 +26,7 @@ def spark() -> Iterator[Any]:
     try:
         from pyspark.sql import SparkSession
     except ImportError as exc:
-        pytest.fail(f"PySpark is required for the Spark tests: {exc} (pip install 'bridge[spark]')")
+        pytest.fail(f"PySpark is required for the Spark tests: {exc} (pip install './[spark]')")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     try:

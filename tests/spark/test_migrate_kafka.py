@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from bridge.migrate.bounded import run_until_exhausted
 from bridge.migrate.driver import migrate
 from bridge.migrate.kafkatask import RangeTakenOver, move_partition
 from bridge.migrate.spec import FAIL_AFTER_ENV, JobSpec
+from bridge.nservicebus.wireformat import format_timestamp
 from bridge.protocols import Transport
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
+from bridge.transports.kafka.headers import EXPIRES_AT
 from tests.conftest import unique
 from tests.spark.conftest import write_routes
 from tests.spark.data import by_id, message, pg_insert_raw, pg_poison_raw_headers, pg_rows
@@ -194,8 +197,9 @@ async def test_kafka_to_postgresql_is_exactly_once_and_the_service_resumes(
     await setup.install()
     live = [message(n) for n in range(1500)]
     an_hour_ago = int((time.time() - 3600) * 1000)
-    stale = message(9000)
+    stale = message(9000)  # its deadline, the header the bridge writes, passed an hour ago
     stale.headers.set("NServiceBus.TimeToBeReceived", "00:01:00")
+    stale.headers.set(EXPIRES_AT, format_timestamp(datetime.fromtimestamp(an_hour_ago / 1000, UTC)))
     records = [(m, n % 3, None) for n, m in enumerate(live)] + [(stale, 1, an_hour_ago)]
     end = await setup.produce(records)
     poisoned = await _produce_poison(setup, partition=2)

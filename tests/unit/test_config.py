@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -171,10 +172,43 @@ def test_credentials_written_in_the_file_are_warned_about(connection: str, key: 
     column = line.index('"', line.index(f"{key}:")) + 1
     text = f"connections:\n{line}\nroutes: []\n"
     (warning,) = parse_config(text, env={}).warnings
-    assert warning == (
-        f"routes.yaml:2:{column}: warning: connection 'db' has a password written in `{key}`; "
-        "use ${VAR} and keep secrets in the environment"
-    )
+    where = f"routes.yaml:2:{column}: warning: connection 'db' has a password written in "
+    variable = re.search(r"\$\{(\w+):-", connection)
+    if variable is None:
+        assert warning == f"{where}`{key}`; use ${{VAR}} and keep secrets in the environment"
+    else:  # a default is used only while its variable is not set
+        name = variable.group(1)
+        assert warning == (
+            f"{where}the default of `{key}`, used because {name} is not set; set {name}, or "
+            "use ${VAR} and keep secrets in the environment"
+        )
+        given = "amqp://h/%2F" if key == "url" else "host=db"
+        assert parse_config(text, env={name: given}).warnings == []
+
+
+README_RABBITMQ = """\
+connections:
+  rabbit: {type: rabbitmq, url: "amqps://bridge:${RABBIT_PASSWORD}@rabbit.example.com:5671/shop?heartbeat=30"}
+  local:  {type: rabbitmq, url: "${RABBIT_URL:-amqp://guest:guest@127.0.0.1:5672/%2F}",
+           topology: direct, queue_type: classic, prefetch: 1000}
+routes: []
+"""
+
+
+def test_the_readme_rabbitmq_example_warns_only_while_its_default_url_is_used() -> None:
+    """The README's own example: with RABBIT_URL set, the guest:guest default is not what the
+    bridge uses, so there is nothing to warn about; without it, the warning says why."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert README_RABBITMQ.split("\n", 1)[1].rsplit("routes:", 1)[0] in readme
+    env = {"RABBIT_PASSWORD": "x", "RABBIT_URL": "amqp://bridge:pw@rabbit/%2F"}
+    assert parse_config(README_RABBITMQ, env=env).warnings == []
+    (warning,) = parse_config(README_RABBITMQ, env={"RABBIT_PASSWORD": "x"}).warnings
+    assert warning.startswith("routes.yaml:3:33: warning: connection 'local' has a password")
+    assert "the default of `url`, used because RABBIT_URL is not set" in warning
+    # a literal password next to a variable is in the file whatever the environment says
+    literal = README_RABBITMQ.replace("bridge:${RABBIT_PASSWORD}", "bridge:pa55")
+    (warning,) = parse_config(literal, env=env).warnings
+    assert "connection 'rabbit' has a password written in `url`;" in warning
 
 
 @pytest.mark.parametrize(

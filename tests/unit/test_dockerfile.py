@@ -71,15 +71,61 @@ def stages(text: str) -> list[Stage]:
     return parse(text)
 
 
+def stage(stages: list[Stage], name: str) -> Stage:
+    found = [s for s in stages if s.name == name]
+    assert len(found) == 1, f"expected one stage {name!r}"
+    return found[0]
+
+
 @pytest.fixture(scope="module")
 def runtime(stages: list[Stage]) -> Stage:
-    return stages[-1]
+    """The service image (`bridge run`), which a plain `docker build .` makes."""
+    return stage(stages, "service")
+
+
+@pytest.fixture(scope="module")
+def spark(stages: list[Stage]) -> Stage:
+    return stage(stages, "spark")
 
 
 def test_multi_stage_on_python_311_slim(stages: list[Stage]) -> None:
     assert len(stages) >= 2
-    assert [s.base for s in stages] == ["python:3.11-slim"] * len(stages)
     assert stages[0].name == "builder"
+    # Every stage starts from python:3.11-slim, or from a stage above it.
+    for i, s in enumerate(stages):
+        assert s.base == "python:3.11-slim" or s.base in {p.name for p in stages[:i]}, s.base
+
+
+def test_a_plain_build_makes_the_service_image(stages: list[Stage], runtime: Stage) -> None:
+    # `docker build .` builds the last stage: the service image as it is, without Spark.
+    assert stages[-1].base == "service" and stages[-1].instructions == []
+    assert runtime.base == "python:3.11-slim"
+    assert "spark" not in runtime.run() and "jre" not in runtime.run()
+
+
+def test_the_spark_target_adds_java_and_pyspark_to_the_service_image(
+    stages: list[Stage], spark: Stage
+) -> None:
+    assert spark.base == "service"
+    wheels = stage(stages, "spark-wheels")
+    assert wheels.base == "builder"
+    assert re.search(rf'pip wheel --wheel-dir /wheels "?\.\[{EXTRAS},spark\]"?', wheels.run())
+    assert "default-jre-headless" in spark.run() and "--no-install-recommends" in spark.run()
+    assert "rm -rf /var/lib/apt/lists/*" in spark.run()
+    install = next(r for r in spark.args("RUN") if "pip install" in r)
+    assert "from=spark-wheels" in install and "--no-index" in install
+    assert f"bridge[{EXTRAS},spark]" in install
+    # Root only to install; the image runs as the service image does.
+    names = [name for name, _ in spark.instructions]
+    assert spark.args("USER")[-1] == "10001"
+    assert "RUN" not in names[len(names) - 1 - names[::-1].index("USER") :]
+
+
+def test_the_chart_runs_migrate_on_the_spark_target(text: str) -> None:
+    values = yaml.safe_load((ROOT / "helm" / "bridge" / "values.yaml").read_text())
+    assert "docker build --target spark" in text
+    assert "--target spark" in (ROOT / "helm" / "bridge" / "values.yaml").read_text()
+    assert values["migrate"]["image"] == {"repository": "", "tag": ""}  # <tag>-spark
 
 
 def test_builder_makes_wheels_with_every_transport(stages: list[Stage]) -> None:
@@ -146,8 +192,9 @@ def test_documents_microsofts_odbc_driver_as_the_alternative(text: str) -> None:
 def test_image_matches_what_the_chart_expects(runtime: Stage) -> None:
     values = yaml.safe_load((ROOT / "helm" / "bridge" / "values.yaml").read_text())
     assert runtime.args("EXPOSE") == [str(values["routes"]["http"]["port"])]
-    deployment = (ROOT / "helm" / "bridge" / "templates" / "deployment.yaml").read_text()
-    assert "runAsUser: 10001" in deployment
+    templates = ROOT / "helm" / "bridge" / "templates"
+    deployment = (templates / "deployment.yaml").read_text()
+    assert "runAsUser: 10001" in (templates / "_helpers.tpl").read_text()
     assert "- /etc/bridge/routes.yaml" in deployment
 
 

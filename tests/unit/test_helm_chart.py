@@ -25,7 +25,9 @@ from bridge.config.models import (
     HttpConfig,
     KafkaConnection,
     PostgresConnection,
+    Proxies,
     RabbitMQConnection,
+    RegisteredEndpoint,
     Route,
     SqliteConnection,
     SqlServerConnection,
@@ -110,9 +112,15 @@ FULL: dict[str, Any] = {
 }
 
 
+#: The least a user gives: a value for the example's ${SHOP_DSN} (here from their own Secret).
+DEFAULTS: dict[str, Any] = {
+    "env": [{"name": "SHOP_DSN", "valueFrom": {"secretKeyRef": {"name": "shop-db", "key": "dsn"}}}]
+}
+
+
 @pytest.fixture(scope="module")
 def default(chart: helm.Chart) -> Manifests:
-    return render(chart)
+    return render(chart, DEFAULTS)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +137,19 @@ def lint_problems(values: dict[str, Any] | None) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("values", [None, FULL], ids=["defaults", "everything-on"])
+#: The Jobs switched on, the check with --connect, four workers.
+JOBS: dict[str, Any] = {
+    **FULL,
+    "workers": 4,
+    "check": {"connect": True},
+    "install": {"enabled": True},
+    "migrate": {"enabled": True, "route": "shipping-to-rabbit"},
+}
+
+
+@pytest.mark.parametrize(
+    "values", [DEFAULTS, FULL, JOBS], ids=["defaults", "everything-on", "jobs"]
+)
 def test_chart_lints_clean(values: dict[str, Any] | None) -> None:
     assert lint_problems(values) == []
 
@@ -172,7 +192,7 @@ def test_container_runs_the_routes_from_the_configmap(default: Manifests) -> Non
 
 
 def test_workers_run_as_bridge_run_workers(chart: helm.Chart) -> None:
-    args = container(render(chart, {"workers": 2}))["args"]
+    args = container(render(chart, {**DEFAULTS, "workers": 2}))["args"]
     assert args == ["run", "-c", "/etc/bridge/routes.yaml", "--workers", "2"]
 
 
@@ -335,6 +355,8 @@ CONNECTION_MODELS = {
     "kafkaConnection": KafkaConnection,
     "rabbitmqConnection": RabbitMQConnection,
     "endpoint": Endpoint,
+    "registeredEndpoint": RegisteredEndpoint,
+    "proxies": Proxies,
     "route": Route,
     "headerRules": HeaderRules,
 }
@@ -349,3 +371,205 @@ def test_schema_knows_the_same_routes_keys_as_the_config_models(definition: str)
     assert set(schema["definitions"][definition]["properties"]) == keys
     http = schema["properties"]["routes"]["properties"]["http"]["properties"]
     assert set(http) == set(HttpConfig.model_fields)
+
+
+REGISTRY: dict[str, Any] = {
+    "connections": MY_ROUTES["connections"],
+    "routes": [],
+    "endpoints": {
+        "Sales": {"connection": "legacy"},
+        "Billing": {"connection": "rabbit", "concurrency": "${BILLING_LOOPS:-2}"},
+    },
+    "proxies": {"create": True},
+}
+
+
+def test_a_registry_alone_renders_with_its_connections_and_passes_check(
+    chart: helm.Chart,
+) -> None:
+    secret = {"values": {"LEGACY_ODBC": "Driver=x", "RABBIT_URL": "amqp://r/"}}
+    rendered = routes_yaml(render(chart, {"routes": REGISTRY, "secret": secret}))
+    # The example's connection stays out; "every connection" is written out as the ones used.
+    assert set(rendered["connections"]) == {"legacy", "rabbit"}
+    assert rendered["routes"] == []
+    assert rendered["proxies"] == {"create": True, "connections": ["legacy", "rabbit"]}
+    env = {"LEGACY_ODBC": "Driver=x", "RABBIT_URL": "amqp://r/"}
+    config = parse_config(yaml.safe_dump(rendered), env=env).config
+    assert sorted(r.name for r in config.all_routes) == [
+        "proxy.legacy.Billing",
+        "proxy.rabbit.Sales",
+    ]
+
+
+def test_an_endpoint_on_an_undefined_connection_fails_the_render(chart: helm.Chart) -> None:
+    registry = copy.deepcopy(REGISTRY)
+    registry["endpoints"]["Sales"]["connection"] = "legacyy"
+    with pytest.raises(helm.HelmRenderError, match=r'endpoint "Sales" names connection "legacyy"'):
+        chart.render({"routes": registry}, name=RELEASE)
+
+
+def test_registry_typos_fail_schema_validation(chart: helm.Chart) -> None:
+    for typo in (
+        {"endpoints": {"Sales": {"conection": "legacy"}}},
+        {"proxies": {"crate": True}},
+    ):
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(chart.merge_values({"routes": {**REGISTRY, **typo}}))
+
+
+def pod_spec(manifests: Manifests, kind: str = "Deployment", name: str = "") -> dict[str, Any]:
+    objects = [o for o in manifests.get(kind, []) if name in o["metadata"]["name"]]
+    assert len(objects) == 1, f"expected one {kind} named *{name}*, got {len(objects)}"
+    spec: dict[str, Any] = objects[0]["spec"]["template"]["spec"]
+    return spec
+
+
+def test_defaults_alone_stop_at_render_naming_the_missing_variable(chart: helm.Chart) -> None:
+    # The example routes need ${SHOP_DSN}: without a value the pod would start and exit with a
+    # config error, again and again. The render says what to set instead.
+    with pytest.raises(helm.HelmRenderError) as error:
+        chart.render(None, name=RELEASE)
+    message = str(error.value)
+    assert 'connection "example-postgresql" needs ${SHOP_DSN}' in message
+    assert "secret.values.SHOP_DSN" in message and "secret.existingSecret" in message
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"secret": {"values": {"SHOP_DSN": "postgresql://u@db/shop"}}},
+        {"secret": {"existingSecret": "shop-credentials"}},  # its keys are not for the chart to see
+        DEFAULTS,  # an env entry
+    ],
+    ids=["secret-values", "existing-secret", "env"],
+)
+def test_a_variable_given_any_way_renders(chart: helm.Chart, given: dict[str, Any]) -> None:
+    assert routes_yaml(render(chart, given))["connections"]["example-postgresql"]["dsn"] == (
+        "${SHOP_DSN}"
+    )
+
+
+def test_every_variable_without_a_default_needs_a_value(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"needs \$\{SHOP_DSN\}"):
+        chart.render({"secret": {"values": {"SHOP_DSN": ""}}}, name=RELEASE)  # empty is none
+    routes = copy.deepcopy(MY_ROUTES)
+    routes["routes"][0]["batch_size"] = "${BATCH}"
+    secret = {"values": {"LEGACY_ODBC": "Driver=x", "RABBIT_URL": "amqp://r/"}}
+    with pytest.raises(helm.HelmRenderError, match=r"routes needs \$\{BATCH\}"):
+        chart.render({"routes": routes, "secret": secret}, name=RELEASE)
+    with pytest.raises(helm.HelmRenderError, match=r'connection "rabbit" needs \$\{RABBIT_URL\}'):
+        chart.render({"routes": MY_ROUTES, "secret": {"values": {"LEGACY_ODBC": "x"}}})
+    routes["routes"][0]["batch_size"] = "${BATCH:-100}"  # a default is a value
+    render(chart, {"routes": routes, "secret": secret})
+
+
+def test_bridge_check_runs_before_the_service_in_an_init_container(
+    chart: helm.Chart, full: Manifests
+) -> None:
+    pod = pod_spec(full)
+    (check,) = pod["initContainers"]
+    main = container(full)
+    assert check["name"] == "check"
+    assert check["args"] == ["check", "-c", "/etc/bridge/routes.yaml"]
+    for same in ("image", "envFrom", "env", "volumeMounts", "securityContext", "resources"):
+        assert check[same] == main[same], same
+    connect = pod_spec(render(chart, {**DEFAULTS, "check": {"connect": True}}))
+    assert connect["initContainers"][0]["args"][-1] == "--connect"
+    off = pod_spec(render(chart, {**DEFAULTS, "check": {"enabled": False}}))
+    assert "initContainers" not in off
+
+
+def test_cpu_requests_follow_workers_unless_set(chart: helm.Chart, default: Manifests) -> None:
+    assert container(default)["resources"] == {
+        "requests": {"cpu": "1", "memory": "128Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    four = container(render(chart, {**DEFAULTS, "workers": 4}))["resources"]
+    assert four["requests"] == {"cpu": "4", "memory": "128Mi"}
+    mine = {"workers": 4, "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}}
+    assert container(render(chart, {**DEFAULTS, **mine}))["resources"]["requests"] == {
+        "cpu": "1500m",
+        "memory": "1Gi",
+    }
+
+
+HOOK = "pre-install,pre-upgrade"
+
+
+def test_bridge_install_is_an_opt_in_hook_job(chart: helm.Chart, default: Manifests) -> None:
+    assert "Job" not in default
+    manifests = render(chart, JOBS)
+    job = next(j for j in manifests["Job"] if j["metadata"]["name"] == f"{FULLNAME}-install")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == HOOK
+    assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+    pod = job["spec"]["template"]["spec"]
+    (install,) = pod["containers"]
+    assert install["args"] == ["install", "-c", "/etc/bridge/routes.yaml"]
+    assert pod["restartPolicy"] == "Never"
+    assert install["securityContext"] == container(manifests)["securityContext"]
+    # Hooks run before the release's ConfigMap and Secret exist: the hook has its own copies,
+    # made first (a lower weight), with the same routes.yaml and values.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    hook_config = next(
+        c for c in manifests["ConfigMap"] if c["metadata"]["name"] == f"{FULLNAME}-install"
+    )
+    assert volumes["routes"]["configMap"]["name"] == hook_config["metadata"]["name"]
+    release_config = next(c for c in manifests["ConfigMap"] if c["metadata"]["name"] == FULLNAME)
+    assert hook_config["data"] == release_config["data"]
+    secrets = {s["metadata"]["name"]: s for s in manifests["Secret"]}
+    assert secrets[f"{FULLNAME}-install"]["data"] == secrets[FULLNAME]["data"]
+    assert install["envFrom"] == [{"secretRef": {"name": f"{FULLNAME}-install"}}]
+    for made_first in (hook_config, secrets[f"{FULLNAME}-install"]):
+        assert made_first["metadata"]["annotations"]["helm.sh/hook"] == HOOK
+        weight = int(made_first["metadata"]["annotations"]["helm.sh/hook-weight"])
+        assert weight < int(annotations["helm.sh/hook-weight"])
+    # An existing Secret is there before the hook: used as it is, no copy made.
+    existing = render(
+        chart, {"install": {"enabled": True}, "secret": {"existingSecret": "shop-credentials"}}
+    )
+    assert "Secret" not in existing
+    (install,) = pod_spec(existing, "Job", "-install")["containers"]
+    assert install["envFrom"] == [{"secretRef": {"name": "shop-credentials"}}]
+
+
+def test_bridge_migrate_runs_as_a_job_on_the_spark_image(chart: helm.Chart) -> None:
+    manifests = render(chart, JOBS)
+    job = next(j for j in manifests["Job"] if "-migrate-" in j["metadata"]["name"])
+    assert job["metadata"]["name"] == f"{FULLNAME}-migrate-1"  # one per release revision
+    assert "helm.sh/hook" not in job["metadata"].get("annotations", {})
+    pod = job["spec"]["template"]["spec"]
+    (migrate,) = pod["containers"]
+    assert migrate["image"] == "bridge:0.1.0-spark"
+    assert migrate["args"] == [
+        *("migrate", "--route", "shipping-to-rabbit", "-c", "/etc/bridge/routes.yaml"),
+        *("--master", "local[2]"),
+    ]
+    assert migrate["resources"]["requests"]["cpu"] == "2"  # the cores local[N] uses
+    assert migrate["envFrom"] == container(manifests)["envFrom"]
+    assert migrate["workingDir"] == "/tmp"
+    assert pod["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] == 0
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["routes"]["configMap"]["name"] == FULLNAME
+    tuned = {
+        "enabled": True,
+        "route": "proxy.rabbit.Sales",  # a route the registry derives
+        "cores": 6,
+        "partitions": 24,
+        "image": {"repository": "registry.example.com/bridge-spark", "tag": "7"},
+    }
+    registry = {"routes": REGISTRY, "secret": {"values": {"LEGACY_ODBC": "x", "RABBIT_URL": "y"}}}
+    (migrate,) = pod_spec(render(chart, {**registry, "migrate": tuned}), "Job")["containers"]
+    assert migrate["image"] == "registry.example.com/bridge-spark:7"
+    assert migrate["args"][-4:] == ["--master", "local[6]", "--partitions", "24"]
+    assert migrate["resources"]["requests"]["cpu"] == "6"
+    cluster = {**tuned, "master": "spark://spark:7077"}
+    (migrate,) = pod_spec(render(chart, {**registry, "migrate": cluster}), "Job")["containers"]
+    assert migrate["args"][migrate["args"].index("--master") + 1] == "spark://spark:7077"
+
+
+def test_a_migrate_job_needs_a_route_the_config_has(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"migrate\.route: name the route"):
+        chart.render({**DEFAULTS, "migrate": {"enabled": True}}, name=RELEASE)
+    with pytest.raises(helm.HelmRenderError, match=r'no route named "sales-to-kafak"'):
+        chart.render({**DEFAULTS, "migrate": {"enabled": True, "route": "sales-to-kafak"}})

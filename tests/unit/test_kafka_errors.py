@@ -13,7 +13,6 @@ from aiokafka.errors import (
     NotLeaderForPartitionError,
     RecordTooLargeError,
     RequestTimedOutError,
-    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 
@@ -81,9 +80,7 @@ def test_without_an_index_a_per_record_error_is_not_a_rejection() -> None:
     assert type(translated) is TransportError
 
 
-@pytest.mark.parametrize(
-    "error", [TopicAuthorizationFailedError(), CommitFailedError(), InvalidTopicError()]
-)
+@pytest.mark.parametrize("error", [CommitFailedError(), InvalidTopicError()])
 def test_the_rest_is_not_retriable(error: BaseException) -> None:
     translated = translate(error, "x", index=0)
     assert type(translated) is TransportError

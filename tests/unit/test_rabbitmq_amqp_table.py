@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers
+from bridge.envelope import MESSAGE_ID, TIME_SENT, TIME_TO_BE_RECEIVED, Envelope, Headers
 from bridge.errors import MessageRejected
 from bridge.transports.rabbitmq import amqp_table
 from bridge.transports.rabbitmq import headers as amqp_headers
@@ -29,7 +29,6 @@ from bridge.transports.rabbitmq.headers import (
     LAYOUT,
     NON_PERSISTENT,
     REPLY_TO,
-    TIME_SENT,
     incoming,
     outgoing,
 )
@@ -144,8 +143,8 @@ def test_fast_properties_encode_as_pika_does(
     if isinstance(fast, tuple):
         encoded, sent = fast
         assert fast_sizes == [len(encoded) - 2]  # the size is exact (2: the property flags)
-        back = incoming(decoded(encoded), sent)
-        assert back == incoming(decoded(plain[0]), sent)  # type: ignore[index]
+        back = incoming(decoded(encoded), sent, NOW)
+        assert back == incoming(decoded(plain[0]), sent, NOW)  # type: ignore[index]
         assert back.body == body
 
 

@@ -54,15 +54,30 @@ def test_queues_are_declared_with_their_type() -> None:
     assert queue_arguments(config(queue_type="classic")) == {"x-queue-type": "classic"}
 
 
-async def test_print_only_describes_what_install_declares_without_connecting() -> None:
-    transport = Transport("rabbit", config(queue_type="classic"))
-    assert await transport.install(["Sales", "Sales.Error", "Sales"], print_only=True) == [
-        "queue.declare queue='Sales' durable=true arguments={x-queue-type: classic}",
-        "exchange.declare exchange='Sales' type=fanout durable=true",
-        "queue.bind queue='Sales' exchange='Sales' routing_key=''",
-        "queue.declare queue='Sales.Error' durable=true arguments={x-queue-type: classic}",
-        "exchange.declare exchange='Sales.Error' type=fanout durable=true",
-        "queue.bind queue='Sales.Error' exchange='Sales.Error' routing_key=''",
+async def test_print_only_writes_what_install_declares_as_management_api_requests() -> None:
+    """AMQP has no client that runs a script of declarations; the management HTTP API takes
+    each as one request (tests/integration/test_rabbitmq_print_sql.py runs them)."""
+    transport = Transport("rabbit", config(url="amqp://bridge:pw@mq/shop", queue_type="classic"))
+    curl = 'curl --fail-with-body -sS -u "$RABBITMQ_USER:$RABBITMQ_PASSWORD" -X'
+    json = "-H 'content-type: application/json' -d"
+    queue = """'{"durable":true,"auto_delete":false,"arguments":{"x-queue-type":"classic"}}'"""
+    exchange = (
+        """'{"type":"fanout","durable":true,"auto_delete":false,"internal":false,"""
+        """"arguments":{}}'"""
+    )
+    binding = """'{"routing_key":"","arguments":{}}'"""
+    api = "http://mq:15672/api"
+    assert await transport.install(["Sales", "Sales Error", "Sales"], print_only=True) == [
+        "# RabbitMQ's management HTTP API at http://mq:15672/ (vhost 'shop'): run with sh, curl "
+        "7.76 or later,\n# and RABBITMQ_USER and RABBITMQ_PASSWORD set to a user with the "
+        "`management` tag",
+        f"{curl} PUT {json} {queue} {api}/queues/shop/Sales",
+        f"{curl} PUT {json} {exchange} {api}/exchanges/shop/Sales",
+        f"{curl} POST {json} {binding} {api}/bindings/shop/e/Sales/q/Sales",
+        f"{curl} PUT {json} {queue} {api}/queues/shop/Sales%20Error",
+        f"{curl} PUT {json} {exchange} {api}/exchanges/shop/Sales%20Error",
+        f"{curl} POST {json} {binding} {api}/bindings/shop/e/Sales%20Error/q/Sales%20Error",
     ]
+    assert "pw" not in "".join(await transport.install(["Sales"], print_only=True))
     assert transport.canonical_address("Sales") == "Sales"
     await transport.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -330,3 +331,25 @@ def test_bridge_endpoints_shows_every_address_and_route() -> None:
     text = render_registry(report)
     assert "Sales (lives on legacy)" in text
     assert textwrap.dedent(text).count("proxy, route proxy.") == 15
+
+
+def test_routes_shows_which_endpoint_a_derived_route_serves() -> None:
+    from bridge.routing.runner import RouteRunner
+    from bridge.service.http import route_report
+
+    config = config_of(
+        REGISTRY
+        + "routes:\n  - {name: manual, from: {connection: pg, queue: A}, "
+        + "to: {connection: pg, queue: B}}\n"
+    )
+
+    def no_endpoints() -> Any:
+        raise AssertionError("not started")
+
+    runners = [
+        RouteRunner(config.route(name), no_endpoints) for name in ("manual", "proxy.pg.Sales")
+    ]
+    report = {r["name"]: r for r in route_report(runners)}
+    assert report["manual"]["endpoint"] is None
+    assert report["proxy.pg.Sales"]["endpoint"] == "Sales"
+    assert report["proxy.pg.Sales"]["from"] == {"connection": "pg", "address": "Sales"}

@@ -16,9 +16,15 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from bridge.batch import Batch
 from bridge.config.models import Route
 from bridge.envelope import Envelope, Headers
-from bridge.errors import MessageRejected, MessagesRejected, TransportError, TransportUnavailable
+from bridge.errors import (
+    AccessRefused,
+    MessageRejected,
+    MessagesRejected,
+    TransportError,
+    TransportUnavailable,
+)
 from bridge.protocols import Checkpoint, Sink, Source
-from bridge.routing.runner import Probe, RouteRunner
+from bridge.routing.runner import PERMANENT_RETRY_MAX, Probe, RouteRunner
 from bridge.telemetry.logs import JsonFormatter
 from bridge.telemetry.metrics import Metrics
 from bridge.transports.memory import Broker, MemorySink, Transport
@@ -277,6 +283,70 @@ async def test_non_retriable_failure_in_drain_mode_stops_the_route_without_loss(
     await asyncio.wait_for(runner.run(), 10)
     assert isinstance(runner.fatal, TransportError)
     assert len(transport.broker.queue(route.from_.address)) == 1
+
+
+async def test_a_refused_login_makes_the_route_failing_and_retried_slowly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In service mode a password may be fixed while the bridge runs, so the route keeps
+    trying; but a refused login is not worth retrying ten times a second (or often enough to
+    lock an account): the route is `failing`, not `backoff`, each failure is an ERROR that says
+    it will not pass on its own, and the waits start at 1 s (jittered down to 0.5 s), not
+    0.1 s. Once the login works, the route runs."""
+    transport = Transport(broker=Broker())
+    route = make_route()
+    await transport.sink(route.from_.address).send([message(1)])
+    refused = AccessRefused("postgresql connection 'shop': access refused: role does not exist")
+    probes: list[str] = []
+
+    async def probe() -> None:
+        probes.append(runner.stats.state)
+        if len(probes) <= 2:
+            raise refused
+
+    runner = runner_for(route, transport, probe=probe)
+    seen: list[str] = []
+
+    def done() -> bool:
+        seen.append(runner.stats.state)
+        return len(transport.broker.queue(route.to.address)) == 1
+
+    with caplog.at_level(logging.INFO, logger="bridge.route"):
+        await run_until(runner, done)
+    assert "failing" in seen and "backoff" not in seen
+    assert state_changes(caplog) == [
+        "route r: starting -> failing",
+        "route r: failing -> running",
+        "route r: running -> stopped",
+    ]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2
+    for record in errors:
+        text = record.getMessage()
+        assert text.startswith(f"route r: AccessRefused: {refused}; this will not go away")
+        delay = float(re.search(r"trying again in (\d+)s$", text).group(1))  # type: ignore[union-attr]
+        assert 0.5 <= delay <= PERMANENT_RETRY_MAX
+    assert runner.stats.retried == 2
+
+
+async def test_failing_is_worse_than_backoff_for_the_route() -> None:
+    """One loop refused, another merely waiting for a server: the route is failing."""
+    transport = Transport(broker=Broker())
+    route = make_route(concurrency=2)
+    sources: list[Source] = [DownSource(), transport.source(route.from_.address)]
+
+    class RefusedSink:
+        async def send(
+            self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+        ) -> None:
+            raise AccessRefused("rabbitmq connection 'r': ACCESS_REFUSED")
+
+        async def close(self) -> None:
+            return None
+
+    await transport.sink(route.from_.address).send([message(1)])
+    runner = RouteRunner(route, lambda: (sources.pop(0), RefusedSink()), poll_timeout=0.01)
+    await run_until(runner, lambda: runner.stats.state == "failing" and runner.stats.retried >= 2)
 
 
 async def test_poison_goes_to_the_error_queue_and_the_route_goes_on() -> None:

@@ -125,7 +125,7 @@ def test_the_most_recent_error_wins_whichever_worker_comes_first() -> None:
     assert merged["last_error"] is None and merged["last_error_at"] is None
 
 
-SEVERITY = ["failed", "backoff", "starting", "stopped", "running"]  # worst first
+SEVERITY = ["failed", "failing", "backoff", "starting", "stopped", "running"]  # worst first
 
 
 @pytest.mark.parametrize(("worse", "better"), list(itertools.combinations(SEVERITY, 2)))

@@ -1,10 +1,11 @@
 """The Kafka connection of routes.yaml and its rules.
 
-Driver-free: `bridge check` and the config loader import it without aiokafka. Security settings
-are checked here, with one message per mistake, before anything connects: SASL needs a
-mechanism, a user name and a password; credentials or certificate files given for a protocol
-that would not use them are errors rather than silently ignored; a certificate goes with its
-key. Topic names follow Kafka's own rule.
+Driver-free: `bridge check` and the config loader import it without aiokafka. The syntax of
+`bootstrap_servers` (`servers_problems`) and the security settings are checked here, with one
+message per mistake, before anything connects: SASL needs a mechanism, a user name and a
+password; credentials or certificate files given for a protocol that would not use them are
+errors rather than silently ignored; a certificate goes with its key. Topic names follow
+Kafka's own rule.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "address_problem",
     "canonical_address",
     "lint",
+    "servers_problems",
     "validate",
 ]
 
@@ -76,7 +78,10 @@ _SSL_FILES = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
 
 
 def lint(config: KafkaConnection) -> Iterator[Problem]:
-    """Security settings that contradict each other, each with the key it is about."""
+    """The bootstrap servers' syntax, and security settings that contradict each other, each
+    with the key it is about."""
+    for problem in servers_problems(config.bootstrap_servers):
+        yield "bootstrap_servers", f"kafka: {problem}"
     protocol = config.security_protocol
     if protocol.startswith("SASL_"):
         for key in _SASL:
@@ -93,6 +98,45 @@ def lint(config: KafkaConnection) -> Iterator[Problem]:
     if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
         key = "ssl_certfile" if config.ssl_certfile is not None else "ssl_keyfile"
         yield key, "kafka: ssl_certfile and ssl_keyfile go together"
+
+
+_BRACKETED = re.compile(r"\[(?P<host>[^\]]+)\](?::(?P<port>[^:]*))?")
+
+
+def servers_problems(servers: str) -> Iterator[str]:
+    """What aiokafka would fail on in `bootstrap_servers`, or connect to in vain for ever.
+
+    aiokafka (`aiokafka/conn.py`, `collect_hosts` and `get_ip_port_afi`) splits the stripped
+    text at commas and reads each entry as `host`, `host:port`, `[ipv6]` or `[ipv6]:port` (port
+    9092 when left out); a port that is not a number fails inside aiokafka with a bare
+    ValueError, and an entry such as `PLAINTEXT://kafka:9092` or an empty one (a stray comma)
+    is taken as a host name that never resolves.
+    """
+    for entry in servers.strip().split(","):
+        entry = entry.strip()
+        if not entry:
+            yield "bootstrap_servers has an empty entry (a stray comma?); write host:port,..."
+            continue
+        if "://" in entry:
+            yield (
+                f"bootstrap_servers entry {entry!r}: write host:port, without a scheme "
+                "(the protocol is security_protocol)"
+            )
+            continue
+        if entry.startswith("["):
+            bracketed = _BRACKETED.fullmatch(entry)
+            if bracketed is None:
+                yield f"bootstrap_servers entry {entry!r}: an IPv6 address is [address]:port"
+                continue
+            host, port = bracketed.group("host"), bracketed.group("port")
+        elif entry.count(":") == 1:
+            host, port = entry.split(":")
+        else:  # a host name, or an IPv6 address without a port, as aiokafka reads it
+            host, port = entry, None
+        if not host or any(ch.isspace() for ch in host):
+            yield f"bootstrap_servers entry {entry!r}: no host name, or one with a space"
+        elif port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            yield f"bootstrap_servers entry {entry!r}: the port must be a number from 1 to 65535"
 
 
 def validate(config: KafkaConnection) -> None:

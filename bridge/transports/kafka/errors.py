@@ -13,18 +13,35 @@ decided by the sink (it lists the cluster's topics first), because
 `UnknownTopicOrPartitionError` on its own also means "created a moment ago, not visible yet"
 and aiokafka marks it retriable.
 
-Everything else (authorization, unsupported codec, fenced producer, consumer stopped) is a
-`TransportError` that retrying will not fix. Errors that already are bridge errors pass through.
+Refused (`AccessRefused`, not retriable): a failed SASL login (`SaslAuthenticationFailed`,
+`AuthenticationFailedError`, a mechanism the broker does not offer) and a missing ACL
+(`TopicAuthorizationFailedError`, `GroupAuthorizationFailedError`,
+`ClusterAuthorizationFailedError`, transactional id and delegation token authorization). While
+it bootstraps, aiokafka logs a broker's refusal and raises only `KafkaConnectionError("Unable
+to bootstrap from ...")`, which would be retried for ever: `translated` therefore watches the
+`aiokafka` logger for the refusals logged inside its block, and a bootstrap failure that
+followed one is that refusal.
+
+Everything else (unsupported codec, fenced producer, consumer stopped) is a `TransportError`
+that retrying will not fix. Errors that already are bridge errors pass through.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    ClusterAuthorizationFailedError,
     ConsumerStoppedError,
+    DelegationTokenAuthorizationFailed,
+    GroupAuthorizationFailedError,
     IllegalOperation,
+    IllegalSaslStateError,
     InvalidTimestampError,
     KafkaConnectionError,
     KafkaError,
@@ -32,11 +49,21 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
 )
 
-from bridge.errors import BridgeError, MessageRejected, TransportError, TransportUnavailable
+from bridge.errors import (
+    AccessRefused,
+    BridgeError,
+    MessageRejected,
+    TransportError,
+    TransportUnavailable,
+)
 
-__all__ = ["DRIVER_ERRORS", "translate", "translated"]
+__all__ = ["DRIVER_ERRORS", "REFUSED", "translate", "translated"]
 
 #: What aiokafka and the sockets under it raise; anything else is a bug and propagates as is.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
@@ -61,17 +88,66 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+#: A login or an access the brokers refused.
+REFUSED: tuple[type[BaseException], ...] = (
+    SaslAuthenticationFailed,
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    UnsupportedSaslMechanismError,
+    IllegalSaslStateError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    DelegationTokenAuthorizationFailed,
+)
 
-def translate(exc: BaseException, where: str, *, index: int | None = None) -> BridgeError:
-    """The bridge error for `exc`, raised while doing `where` (e.g. "send to topic 'sales'")."""
-    if isinstance(exc, BridgeError):
-        return exc
+#: The refusals aiokafka logged inside the innermost `translated` block of this task.
+_logged_refusals: ContextVar[list[BaseException] | None] = ContextVar(
+    "kafka_logged_refusals", default=None
+)
+
+
+class _RefusalWitness(logging.Filter):
+    """Keeps the refusals aiokafka's client logs (`Unable connect to "host:port": <error>`)
+    where `translated` can find them; lets every record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        seen = _logged_refusals.get()
+        if seen is not None and isinstance(record.args, tuple):
+            seen.extend(arg for arg in record.args if isinstance(arg, REFUSED))
+        return True
+
+
+# aiokafka's client module logs through the logger named "aiokafka" (aiokafka/client.py).
+logging.getLogger("aiokafka").addFilter(_RefusalWitness())
+
+
+def _detail(exc: BaseException) -> str:
     detail = str(exc) or type(exc).__name__
     if type(exc).__name__ not in detail:
         detail = f"{type(exc).__name__}: {detail}"
-    message = f"kafka: {where}: {detail}"
+    return detail
+
+
+def translate(
+    exc: BaseException,
+    where: str,
+    *,
+    index: int | None = None,
+    logged: list[BaseException] | None = None,
+) -> BridgeError:
+    """The bridge error for `exc`, raised while doing `where` (e.g. "send to topic 'sales'");
+    `logged`: the refusals aiokafka logged before it (see the module docstring)."""
+    if isinstance(exc, BridgeError):
+        return exc
+    message = f"kafka: {where}: {_detail(exc)}"
     if index is not None and isinstance(exc, _PER_MESSAGE):
         return MessageRejected(message, index=index)
+    if isinstance(exc, REFUSED):
+        return AccessRefused(f"kafka: {where}: refused: {_detail(exc)}")
+    if isinstance(exc, KafkaConnectionError) and logged:
+        return AccessRefused(f"kafka: {where}: refused: {_detail(logged[-1])}")
     if isinstance(exc, _UNAVAILABLE) or getattr(exc, "retriable", False):
         return TransportUnavailable(message)
     return TransportError(message)
@@ -80,7 +156,11 @@ def translate(exc: BaseException, where: str, *, index: int | None = None) -> Br
 @contextmanager
 def translated(where: str, *, index: int | None = None) -> Iterator[None]:
     """Raise driver errors from the block as bridge errors (see `translate`)."""
+    logged: list[BaseException] = []
+    token = _logged_refusals.set(logged)
     try:
         yield
     except DRIVER_ERRORS as exc:
-        raise translate(exc, where, index=index) from exc
+        raise translate(exc, where, index=index, logged=logged) from exc
+    finally:
+        _logged_refusals.reset(token)

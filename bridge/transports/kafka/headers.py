@@ -4,25 +4,33 @@ Written: record value = body bytes; one record header per NServiceBus header, in
 duplicates kept; values UTF-8; a null header value is a null Kafka header value (not empty).
 The record key is chosen by the route's key spec: `header:NAME` (default
 `header:NServiceBus.MessageId`) is that header's UTF-8 value, `none` (or an absent or null
-header) is no key. An envelope with `expires_at` gets `NServiceBus.TimeToBeReceived` set to its
-*remaining* lifetime and the record timestamp `now`, so a reader's expiry is
-timestamp + TimeToBeReceived. Every record carries `now` as its timestamp.
+header) is no key. Every record carries `now` as its timestamp.
 
-Read: headers come back in order with duplicates and nulls. `expires_at` is
-timestamp + TimeToBeReceived when that header parses as a TimeSpan (an unparseable one is kept
-as a header and means no expiry). A record without `NServiceBus.MessageId` gets a deterministic
-one, uuid5 of `RECORD_ID_NAMESPACE` and "topic/partition/offset", appended as that header, so a
-redelivered record keeps its id. `native_id` is "topic/partition/offset". `read_records` reads
-a fetch of aiokafka `ConsumerRecord`s into envelopes and poison.
+Time to live: Kafka has none of its own, so the bridge writes a deadline header,
+`NServiceBus.Bridge.ExpiresAt` (`EXPIRES_AT`): the absolute UTC time the message expires, in
+NServiceBus's timestamp format (`yyyy-MM-dd HH:mm:ss:ffffff Z`), appended last, for an
+envelope with `expires_at` (a message the bridge originates: the record's timestamp plus the
+time to live it was given). On read, `expires_at` comes from that header alone, which is
+removed from the headers; one that does not parse means no expiry. The
+`NServiceBus.TimeToBeReceived` header is carried exactly as the endpoint wrote it and is never
+read: a record with only that header never expires. Error-queue and audit copies
+(`NServiceBus.FailedQ`, `NServiceBus.ProcessingEnded`) never expire: no deadline is read or
+written for them (`bridge.nservicebus.lifetime`). A deadline header an envelope already
+carries is not written again: the header always says what `expires_at` says.
+
+Read: headers come back in order with duplicates and nulls. A record without
+`NServiceBus.MessageId` gets a deterministic one, uuid5 of `RECORD_ID_NAMESPACE` and
+"topic/partition/offset", appended as that header, so a redelivered record keeps its id.
+`native_id` is "topic/partition/offset". `read_records` reads a fetch of aiokafka
+`ConsumerRecord`s into envelopes and poison.
 
 Lossy, on purpose: the record key is not read back (on write it is derived from the headers);
-a null record value (a tombstone) reads as an empty body; a TimeToBeReceived header on an
-envelope without `expires_at` is carried as is, so the reader counts it from the record
-timestamp. A header value that is not UTF-8 cannot become an NServiceBus header: `incoming`
-raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage` (see
-`incoming_poison`), whose error-queue copy `deadletter.error_record` writes byte for byte with
-the NServiceBus failure headers appended. A header name or value that cannot be encoded as UTF-8
-(a lone surrogate) raises `HeadersFormatError` from `outgoing`.
+a null record value (a tombstone) reads as an empty body; the deadline header keeps
+microseconds. A header value that is not UTF-8 cannot become an NServiceBus header:
+`incoming` raises `HeadersFormatError` and the source hands the record on as a `PoisonMessage`
+(see `incoming_poison`), whose error-queue copy `deadletter.error_record` writes byte for byte
+with the NServiceBus failure headers appended. A header name or value that cannot be encoded as
+UTF-8 (a lone surrogate) raises `HeadersFormatError` from `outgoing`.
 """
 
 from __future__ import annotations
@@ -31,15 +39,17 @@ import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from bridge.envelope import MESSAGE_ID, TIME_TO_BE_RECEIVED, Envelope, Headers, PoisonMessage
+from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.nservicebus.wireformat import format_timespan, parse_timespan
+from bridge.nservicebus.lifetime import expires_at, never_expires
+from bridge.nservicebus.wireformat import format_timestamp, timestamp_seconds
 
 __all__ = [
     "DEFAULT_KEY",
+    "EXPIRES_AT",
     "RECORD_ID_NAMESPACE",
     "Record",
     "RecordHeaders",
@@ -53,6 +63,8 @@ __all__ = [
 ]
 
 DEFAULT_KEY = f"header:{MESSAGE_ID}"
+#: The deadline header the bridge writes, as Kafka has no time to live of its own.
+EXPIRES_AT = "NServiceBus.Bridge.ExpiresAt"
 
 #: Fixed forever: changing it changes the id of every record that arrived without one.
 RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
@@ -92,14 +104,17 @@ def record_message_id(topic: str, partition: int, offset: int) -> str:
 
 def outgoing(envelope: Envelope, key_spec: str, now: float) -> Record:
     """Lay `envelope` out as a Kafka record written at `now` (epoch seconds)."""
-    timestamp_ms = int(now * 1000)
     headers = envelope.headers
-    if envelope.expires_at is not None:
-        remaining = max(0.0, envelope.expires_at - timestamp_ms / 1000)
-        headers = headers.copy()
-        headers.set(TIME_TO_BE_RECEIVED, format_timespan(timedelta(seconds=remaining)))
+    timestamp_ms = int(now * 1000)
+    deadline = _deadline_text(expires_at(envelope, timestamp_ms / 1000))
     try:
-        encoded = [(name, None if value is None else value.encode()) for name, value in headers]
+        encoded = [
+            (name, None if value is None else value.encode())
+            for name, value in headers
+            if name != EXPIRES_AT
+        ]
+        if deadline is not None:
+            encoded.append((EXPIRES_AT, deadline.encode()))
         # The producer encodes names later, where a bad one would fail the whole batch.
         if not "".join(headers.names()).isascii():
             for name, _ in encoded:
@@ -112,6 +127,16 @@ def outgoing(envelope: Envelope, key_spec: str, now: float) -> Record:
     return Record(key, envelope.body, encoded, timestamp_ms)
 
 
+def _deadline_text(deadline: float | None) -> str | None:
+    """The deadline header's value; None for no deadline or one no date can hold (never)."""
+    if deadline is None:
+        return None
+    try:
+        return format_timestamp(datetime.fromtimestamp(deadline, UTC))
+    except (OverflowError, OSError, ValueError):  # past the year 9999
+        return None
+
+
 def incoming(
     topic: str,
     partition: int,
@@ -119,9 +144,9 @@ def incoming(
     key: bytes | None,
     value: bytes | None,
     headers: RecordHeaders,
-    timestamp_ms: int,
 ) -> Envelope:
-    """The envelope a record carries; raise HeadersFormatError when a header is not UTF-8."""
+    """The envelope a record carries; raise HeadersFormatError when a header is not UTF-8.
+    The record's timestamp says nothing about its lifetime: it is not read."""
     where = native_id(topic, partition, offset)
     try:
         items = [(name, None if raw is None else raw.decode()) for name, raw in headers]
@@ -134,25 +159,28 @@ def incoming(
                 raise HeadersFormatError(reason) from exc
         raise
     last = dict(items)  # the last occurrence of each name, as Headers.get reads it
+    deadline: float | None = None
+    if EXPIRES_AT in last:
+        if not never_expires(last):
+            deadline = _deadline(last[EXPIRES_AT])
+        items = [(name, text) for name, text in items if name != EXPIRES_AT]
     if MESSAGE_ID not in last:
         items.append((MESSAGE_ID, record_message_id(topic, partition, offset)))
-    ttbr = last.get(TIME_TO_BE_RECEIVED)
     return Envelope(
         headers=Headers.adopt(items),
         body=value or b"",
-        expires_at=None if ttbr is None else _expires_at(ttbr, timestamp_ms),
+        expires_at=deadline,
         native_id=where,
     )
 
 
-def _expires_at(ttbr: str | None, timestamp_ms: int) -> float | None:
-    if ttbr is None or timestamp_ms < 0:
+def _deadline(text: str | None) -> float | None:
+    if text is None:
         return None
     try:
-        lifetime = parse_timespan(ttbr)
+        return timestamp_seconds(text)
     except ValueError:
         return None
-    return timestamp_ms / 1000 + lifetime.total_seconds()
 
 
 def incoming_poison(
@@ -192,9 +220,7 @@ def read_records(records: Iterable[Any]) -> tuple[list[Envelope], list[tuple[Any
     poison: list[tuple[Any, PoisonMessage]] = []
     for r in records:
         try:
-            messages.append(
-                incoming(r.topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
-            )
+            messages.append(incoming(r.topic, r.partition, r.offset, r.key, r.value, r.headers))
         except HeadersFormatError as exc:
             poison.append(
                 (r, incoming_poison(r.topic, r.partition, r.offset, r.value, r.headers, exc))

@@ -44,8 +44,9 @@ Limits
 
 Errors
     See `errors.py`: an unreachable broker, timeouts, leader and coordinator moves are
-    `TransportUnavailable` (retriable); a record refused for good is `MessageRejected`;
-    authorization and other refusals are `TransportError`.
+    `TransportUnavailable` (retriable); a record refused for good is `MessageRejected`; a
+    failed SASL login and a missing ACL are `AccessRefused`; other refusals are
+    `TransportError`.
 
 What is lossy
     Kafka destinations are at-least-once (a retried send may duplicate a record unless

@@ -2,8 +2,11 @@
 
 `plan` lists the steps `install` runs (queue, then exchange and binding for `conventional`);
 `declare_adopting` declares a queue and keeps the `x-` arguments it already has; `conflict`
-turns a 406 PRECONDITION_FAILED into an error that says what exists and what was asked for.
-Each `declare_*` and `bind` returns an `Op` that a `Link` runs on its ioloop thread.
+turns a 406 PRECONDITION_FAILED into an error that says what exists and what was asked for,
+and `queue_type_of` reads the type an existing queue has from it. `printed` writes the same
+steps as requests to the management HTTP API (`curl` commands), for `install --print-sql`:
+AMQP has no client that runs a script of declarations. Each `declare_*`, `bind`,
+`server_version` and `look_at_head` returns an `Op` that a `Link` runs on its ioloop thread.
 """
 
 from __future__ import annotations
@@ -11,14 +14,18 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
 import pika
+from pika import spec
 
 from bridge.errors import TransportError
 from bridge.transports.rabbitmq.config import RabbitMQConnection, queue_arguments
 from bridge.transports.rabbitmq.connection import Link
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.handoff import Done, Op
+from bridge.transports.rabbitmq.management import curl, endpoint
 
 __all__ = [
     "Step",
@@ -28,7 +35,11 @@ __all__ = [
     "declare_adopting",
     "declare_exchange",
     "declare_queue",
+    "look_at_head",
     "plan",
+    "printed",
+    "queue_type_of",
+    "server_version",
 ]
 
 _CURRENT = re.compile(r"inequivalent arg '([^']+)'.*but current is (?:the value )?'?([\w-]+)")
@@ -81,6 +92,35 @@ def bind(queue: str, exchange: str) -> Op:
     return op
 
 
+def server_version(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+    """Settles with the broker's version, as its Connection.Start said it (`3.13.7`)."""
+    properties: dict[str, Any] = channel.connection.server_properties or {}
+    version = properties.get("version", b"")
+    done.ok(version.decode("utf-8", "replace") if isinstance(version, bytes) else str(version))
+
+
+def look_at_head(queue: str) -> Op:
+    """Take the queue's first ready message and give it straight back (`basic.get`, then
+    `basic.nack` with requeue): settles with its (properties, body), or None when none is
+    ready. The message returns to its place with its `redelivered` flag set; see
+    `Transport.oldest_age` for what else it costs and when it is not done."""
+
+    def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+        def got(
+            channel: pika.channel.Channel,
+            method: spec.Basic.GetOk,
+            properties: pika.BasicProperties,
+            body: bytes,
+        ) -> None:
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            done.ok((properties, body))
+
+        channel.add_callback(lambda _: done.ok(None), [spec.Basic.GetEmpty], one_shot=True)
+        channel.basic_get(queue, got, auto_ack=False)
+
+    return op
+
+
 def plan(config: RabbitMQConnection, addresses: Sequence[str]) -> list[Step]:
     """The declarations `install` makes for `addresses`, in order, each queue once."""
     steps: list[Step] = []
@@ -109,6 +149,37 @@ def plan(config: RabbitMQConnection, addresses: Sequence[str]) -> list[Step]:
                 )
             )
     return steps
+
+
+def printed(config: RabbitMQConnection, steps: Sequence[Step]) -> list[str]:
+    """`steps` as the management API's requests declaring the same (durable, not
+    auto-deleted, the queue's type, a fanout exchange, its binding with routing key ""), after
+    a comment saying where they go and which credentials they need."""
+    api = endpoint(config)
+    out = [
+        f"# RabbitMQ's management HTTP API at {api.base} (vhost {api.vhost!r}): run with sh, "
+        "curl 7.76 or later,\n# and RABBITMQ_USER and RABBITMQ_PASSWORD set to a user with the "
+        "`management` tag"
+    ]
+    for step in steps:
+        name = quote(step.name, safe="")
+        if step.kind == "queue":
+            arguments = queue_arguments(config)
+            queue = {"durable": True, "auto_delete": False, "arguments": arguments}
+            out.append(curl(api, "PUT", f"api/queues/{{vhost}}/{name}", queue))
+        elif step.kind == "exchange":
+            exchange = {
+                "type": "fanout",
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+            out.append(curl(api, "PUT", f"api/exchanges/{{vhost}}/{name}", exchange))
+        else:
+            binding = {"routing_key": "", "arguments": {}}
+            out.append(curl(api, "POST", f"api/bindings/{{vhost}}/e/{name}/q/{name}", binding))
+    return out
 
 
 def current_argument(error: BaseException) -> tuple[str, object] | None:
@@ -146,6 +217,15 @@ async def declare_adopting(link: Link, config: RabbitMQConnection, where: str, s
     raise TransportError(f"{where}: queue {step.name!r} has too many arguments")
 
 
+def queue_type_of(error: BaseException) -> str | None:
+    """The type of an existing queue a declaration with another `x-queue-type` was refused for
+    (`classic`, `quorum`, `stream`), or None when that is not what `error` says."""
+    match = _CURRENT.search(str(error))
+    if reply_code(error) != 406 or match is None or match.group(1) != "x-queue-type":
+        return None
+    return "classic" if match.group(2) == "none" else match.group(2)
+
+
 def conflict(
     config: RabbitMQConnection, where: str, step: Step, error: TransportError
 ) -> TransportError:
@@ -155,7 +235,7 @@ def conflict(
         return error
     argument, current = match.groups()
     if step.kind == "queue" and argument == "x-queue-type":
-        current = "classic" if current == "none" else current
+        current = queue_type_of(error) or current
         wanted = config.queue_type
         return TransportError(
             f"{where}: queue {step.name!r} already exists as a {current} queue, but "

@@ -44,7 +44,6 @@ def plain_properties(
     reply_to: str | None,
     expiration: str | None,
     message_id: str | None,
-    timestamp: int | None,
     type_: str | None,
 ) -> tuple[pika.BasicProperties, int]:
     """pika's properties, sized by the exact checks."""
@@ -56,7 +55,6 @@ def plain_properties(
         reply_to=reply_to,
         expiration=expiration,
         message_id=message_id,
-        timestamp=timestamp,
         type=type_,
     )
     return properties, properties_size(properties)
@@ -70,7 +68,6 @@ def fast_properties(
     reply_to: str | None,
     expiration: str | None,
     message_id: str | None,
-    timestamp: int | None,
     type_: str | None,
 ) -> tuple[pika.BasicProperties, int]:
     """Properties whose header table is encoded while sizing it, and reused by `encode`."""
@@ -82,7 +79,6 @@ def fast_properties(
         reply_to=reply_to,
         expiration=expiration,
         message_id=message_id,
-        timestamp=timestamp,
         type=type_,
     )
     size = _encoded_size(properties, headers)

@@ -2,11 +2,17 @@
 
 Driver-free: `bridge check` and the config loader import it without pika.
 Connection (`connection.py`): the URL is parsed by pika (`amqp://` or `amqps://`, its query
-options such as `heartbeat` or `ssl_options` included). Where the URL does not say otherwise the
+options such as `heartbeat` or `ssl_options` included); `url.py` holds pika's rules, so `bridge
+check` refuses what pika would. Where the URL does not say otherwise the
 bridge asks for one connection attempt per call (the runner's backoff does the retrying), closes
 a connection the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT` seconds instead
 of waiting forever, and names the connection `bridge <connection> <role>` in the management UI.
 The password only ever goes to pika; messages and logs name the connection, never the URL.
+
+Management API: `management_url`, or by default the URL's host on port 15672 (15671 for
+`amqps`) with the URL's credentials, as NServiceBus RabbitMQ derives it. Through it the bridge
+keeps the delivery limit of quorum queues it receives from unlimited, or refuses them
+(`delivery_limit.py`), unless `validate_delivery_limits` is false.
 
 Topology (wire-format §7): `conventional` publishes to a durable fanout exchange named like the
 queue, routing key `""`; `direct` publishes to the default exchange with the queue's name as
@@ -22,6 +28,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from bridge.config.base import Problem, Strict
+from bridge.transports.rabbitmq.url import url_problems
 
 __all__ = [
     "ADDRESS_KEY",
@@ -60,18 +67,39 @@ class RabbitMQConnection(Strict):
     )
     queue_type: Literal["quorum", "classic"] = Field("quorum", description="Declared type.")
     prefetch: int = Field(500, gt=0, description="Consumer prefetch count.")
+    management_url: str | None = Field(
+        None,
+        min_length=1,
+        description="Management API URL (http:// or https://), for quorum queues' delivery "
+        "limits; default: the url's host on port 15672 (15671 for amqps), the url's credentials. "
+        "Keep secrets in ${VAR}.",
+    )
+    validate_delivery_limits: bool = Field(
+        True,
+        description="Refuse quorum source queues whose delivery limit could drop messages, "
+        "and lift RabbitMQ 4's default limit with a policy, as NServiceBus does.",
+    )
 
 
 def lint(config: RabbitMQConnection) -> Iterator[Problem]:
-    """The URL's scheme and shape, found before anything connects."""
+    """The URL as pika reads it (`url.py`) and the management URL, found before anything
+    connects."""
+    for problem in url_problems(config.url):
+        yield "url", problem
+    if config.management_url is not None:
+        yield from _lint_management_url(config.management_url)
+
+
+def _lint_management_url(url: str) -> Iterator[Problem]:
+    """The management API is HTTP (as NServiceBus RabbitMQ requires, ManagementClient.cs:43-46)."""
     try:
-        split = urlsplit(config.url)
+        split = urlsplit(url)
         split.port  # noqa: B018 (raises ValueError for a port that is not a number)
     except ValueError as exc:
-        yield "url", f"invalid url: {exc}"
+        yield "management_url", f"invalid management_url: {exc}"
         return
-    if split.scheme not in ("amqp", "amqps"):
-        yield "url", "url must start with amqp:// or amqps://"
+    if split.scheme not in ("http", "https") or not split.hostname:
+        yield "management_url", "management_url must start with http:// or https:// and name a host"
 
 
 def address_problem(kind: str, name: str) -> str | None:

@@ -59,7 +59,9 @@ def parameters(config: RabbitMQConnection, name: str, role: str) -> pika.URLPara
     split = urlsplit(config.url)
     try:
         params = pika.URLParameters(config.url)
-    except (ValueError, TypeError) as exc:
+    except OSError as exc:  # ssl_options naming certificate files that cannot be loaded
+        raise ConfigError(f"{describe(name)}: url ssl_options: {exc}") from None
+    except (ValueError, TypeError, SyntaxError) as exc:  # what `lint` did not foresee
         raise ConfigError(f"{describe(name)}: invalid url: {exc}") from None
     given = parse_qs(split.query)
     if "connection_attempts" not in given:

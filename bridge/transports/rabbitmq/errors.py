@@ -9,10 +9,15 @@ or connection found closed under us (`ChannelWrongStateError`, `ConnectionWrongS
 CONNECTION_FORCED, 405 RESOURCE_LOCKED, 504 CHANNEL_ERROR, 506 RESOURCE_ERROR, 541
 INTERNAL_ERROR.
 
-Not retriable (`TransportError`): 403 ACCESS_REFUSED, 404 NOT_FOUND (a queue or exchange is
-missing: run `bridge install`), 406 PRECONDITION_FAILED (a queue exists with other arguments),
-530 NOT_ALLOWED (no such vhost or no access to it), the other protocol errors, and a refused
-login (`ProbableAuthenticationError`, `ProbableAccessDeniedError`, `AuthenticationError`).
+Refused (`AccessRefused`, not retriable): a refused login (`ProbableAuthenticationError`:
+403 ACCESS_REFUSED to a wrong password or an unknown user, `AuthenticationError`), a vhost that
+does not exist or that the user may not use (`ProbableAccessDeniedError`, or the connection
+closed with 530 NOT_ALLOWED), and 403 ACCESS_REFUSED on a channel (no configure, write or read
+permission on a queue or exchange).
+
+Not retriable (`TransportError`): 404 NOT_FOUND (a queue or exchange is missing: run `bridge
+install`), 406 PRECONDITION_FAILED (a queue exists with other arguments), and the other
+protocol errors.
 
 One message refused for good (`MessageRejected`, only when the caller names its index): a
 property or header name longer than AMQP's 255-byte short strings, a field value AMQP cannot
@@ -32,7 +37,13 @@ from contextlib import contextmanager
 from pika import exceptions as amqp
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
-from bridge.errors import BridgeError, MessageRejected, TransportError, TransportUnavailable
+from bridge.errors import (
+    AccessRefused,
+    BridgeError,
+    MessageRejected,
+    TransportError,
+    TransportUnavailable,
+)
 
 __all__ = [
     "DRIVER_ERRORS",
@@ -148,12 +159,16 @@ def _translate(exc: BaseException, where: str, index: int | None) -> BridgeError
     if index is not None and isinstance(exc, _PER_MESSAGE):
         return MessageRejected(message, index=index)
     if isinstance(exc, _LOGIN_REFUSED):
-        return TransportError(f"{where}: the broker refused the connection: {_detail(exc)}")
+        return AccessRefused(f"{where}: the broker refused the connection: {_detail(exc)}")
     if isinstance(exc, amqp.ChannelClosed | amqp.ConnectionClosed):
         if isinstance(exc, amqp.ChannelClosedByClient | amqp.ConnectionClosedByClient):
             return TransportUnavailable(message)
         if exc.reply_code in RETRIABLE_CODES:
             return TransportUnavailable(message)
+        if exc.reply_code == 403 or (
+            exc.reply_code == 530 and isinstance(exc, amqp.ConnectionClosed)
+        ):
+            return AccessRefused(message)
         return TransportError(message)
     if isinstance(exc, _UNAVAILABLE):
         return TransportUnavailable(message)

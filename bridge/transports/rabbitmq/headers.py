@@ -6,43 +6,57 @@ header `NServiceBus.Transport.RabbitMQ.UseNonPersistentDelivery` is present (it 
 `correlation_id`, `reply_to` and `content_type` from their headers (`application/octet-stream`
 when there is no content type); `type` = `NServiceBus.EnclosedMessageTypes` up to the first
 comma; the body as is; and every header in the `headers` table, values as AMQP long strings.
+No `timestamp`: NServiceBus sets none.
 
-Time to live: an envelope with `expires_at` is sent with `expiration` = the remaining lifetime in
-whole milliseconds (at least 1: an expired envelope still goes out, the runner drops those
-before), `NServiceBus.TimeToBeReceived` rewritten to that same remaining lifetime, and
-`timestamp` = the send time (whole seconds). On read, `expires_at` = send time + lifetime, where
-the send time is the `timestamp` property, else the `NServiceBus.TimeSent` header, and the
-lifetime is the TimeToBeReceived header, else the `expiration` property; without both it is
-None. RabbitMQ never tells how long a message waited, so `expiration` alone cannot give the
-remaining lifetime; a bridge-written message reads back within half a second (`timestamp` has
-whole seconds).
+Time to live: the AMQP `expiration` alone, as NServiceBus RabbitMQ reads and writes it; the
+`NServiceBus.TimeToBeReceived` header is never read and never rewritten. An envelope with
+`expires_at` is sent with `expiration` = its remaining lifetime in whole milliseconds (at least
+1: an expired envelope still goes out, the runner drops those before); a message the bridge
+originates, with the time to live it was given (`time_to_live_ms`). On read, `expires_at` =
+the moment the bridge took delivery (`received`) + `expiration`. RabbitMQ drops a message
+whose `expiration` passed while it was queued and never tells how long one waited, so a
+message delivered is alive and what is left of its lifetime is at most `expiration`: counting
+from receipt never drops a live message, and at worst hands on more time than was left (by as
+long as it waited in the queue). Error-queue and audit copies (`NServiceBus.FailedQ`,
+`NServiceBus.ProcessingEnded`) never expire: no `expiration` is read or written for them
+(`bridge.nservicebus.lifetime`).
 
-Null and order: a null value is written as AMQP void, as the .NET client writes a null string,
-but a void an endpoint wrote must read as "" (wire-format §7), and quorum queues hand tables
-back sorted by name. So an envelope with a null value, a header order that is not already
-sorted (bytewise), or UseNonPersistentDelivery also carries `NServiceBus.Bridge.HeaderLayout`,
-a JSON object `{"order": [names], "null": [names]}`. On read the layout header is removed,
-names it lists come first in its order, the rest follow as received, and void is None for a
-name the layout lists as null and "" otherwise. Repeated names collapse, the last value wins at
-the first position (`Headers.to_dict`).
+Null: a null value is written as AMQP void, as the .NET client writes a null string, but a void
+an endpoint wrote must read as "" (wire-format §7). So an envelope with a null value also
+carries `NServiceBus.Bridge.HeaderLayout`, a JSON object `{"null": [names]}`, and only such an
+envelope: on read the layout header is removed and void is None for a name it lists, "" for
+any other. Nothing else needs it, so a message an endpoint wrote (which has no null to carry:
+an endpoint's void reads as "") crosses RabbitMQ -> RabbitMQ or -> SQL without it. Header order
+is not carried: NServiceBus reads headers into a dictionary on every transport; a queue hands
+the table back in the order it was written, but a quorum queue that redelivers a message
+(adding `x-delivery-count`) sorts it by name, for every reader alike. UseNonPersistentDelivery
+needs no layout either: `delivery_mode` 1 carries it, and it reads back as "True" (NServiceBus
+acts on its presence, never its value). A layout that also has an `"order"` list (written by
+earlier versions of the bridge) reads the same; the list is ignored. Repeated names collapse,
+the last value wins at the first position (`Headers.to_dict`).
 
 Read: properties `reply_to`, `correlation_id` and `content_type` overwrite their headers when
 they differ from what the headers would have produced (a `content_type` of
-`application/octet-stream` over no header adds none); `delivery_mode` 1 sets
-UseNonPersistentDelivery to "True" (its value is not carried, only its presence); `type` fills
-`NServiceBus.EnclosedMessageTypes` when that header is missing and `message_id` fills
-`NServiceBus.MessageId` (a message with neither is poison, so is one whose short-string
-properties are not UTF-8). Values that are not strings are
-rendered as NServiceBus renders them: byte arrays as UTF-8, booleans `True`/`False`, numbers in
-invariant form, timestamps in the NServiceBus wire format, tables `k=v,k=v`, arrays `a;b`.
-Removed on read: `x-death*`, `x-first-death-*`, `x-last-death-*`, `x-delivery-count`,
-`NServiceBus.Transport.RabbitMQ.DelayInSeconds` and `...ConfirmationId`. A header name or value
-that is not UTF-8 raises `HeadersFormatError` (the source makes the message a `PoisonMessage`).
+`application/octet-stream` over no header adds none); a legacy
+`NServiceBus.RabbitMQ.CallbackQueue` header then overwrites `NServiceBus.ReplyToAddress`, as
+NServiceBus does; `delivery_mode` 1 sets UseNonPersistentDelivery to "True" (its value is not
+carried, only its presence); `type` fills `NServiceBus.EnclosedMessageTypes` when that header
+is missing and `message_id` fills `NServiceBus.MessageId` (a message with neither is poison,
+so is one whose short-string properties or header names are not UTF-8). Values that are not
+strings are rendered as NServiceBus renders them: byte arrays as UTF-8, with U+FFFD for bytes
+that are not (never poison), booleans `True`/`False`, numbers in invariant form, timestamps in
+the NServiceBus wire format (a naive one, as pika 1.3 decodes them, is UTC), tables `k=v,k=v`,
+arrays `a;b`. Removed on read: `x-death*`, `x-first-death-*`, `x-last-death-*`,
+`x-delivery-count`, `x-dotnet-pub-seq-no` (the .NET client adds it to every publish when it
+tracks confirms), `NServiceBus.Transport.RabbitMQ.DelayInSeconds` and `...ConfirmationId`. A
+header name that is not UTF-8 raises `HeadersFormatError` (the source makes the message a
+`PoisonMessage`).
 
-Lossy, on purpose: the AMQP properties the mapping does not name (`priority`, `app_id`,
-`user_id`, `cluster_id`, `content_encoding`) are not read; UseNonPersistentDelivery comes back
-as "True"; repeated header names collapse; a TimeToBeReceived header on an envelope without
-`expires_at` is carried as is, without `expiration`.
+Lossy, on purpose: the AMQP properties the mapping does not name (`priority`, `timestamp`,
+`app_id`, `user_id`, `cluster_id`, `content_encoding`) are not read; UseNonPersistentDelivery
+comes back as "True"; a CallbackQueue header wins over the reply address it was sent with;
+header bytes that are not UTF-8 come back with replacement characters; header order comes
+back as the queue hands it over; repeated header names collapse.
 """
 
 from __future__ import annotations
@@ -51,29 +65,19 @@ import decimal
 import functools
 import json
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pika
 
-from bridge.envelope import (
-    MESSAGE_ID,
-    TIME_SENT,
-    TIME_TO_BE_RECEIVED,
-    Envelope,
-    Headers,
-    PoisonMessage,
-)
+from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError, MessageRejected
-from bridge.nservicebus.wireformat import (
-    format_timespan,
-    format_timestamp,
-    parse_timespan,
-    timestamp_seconds,
-)
+from bridge.nservicebus.lifetime import never_expires, time_to_live_ms
+from bridge.nservicebus.wireformat import format_timestamp
 from bridge.transports.rabbitmq.amqp_table import sized_properties
 
 __all__ = [
+    "CALLBACK_QUEUE",
     "CONFIRMATION_ID",
     "CONTENT_TYPE",
     "CORRELATION_ID",
@@ -83,8 +87,8 @@ __all__ = [
     "FRAME_MAX",
     "LAYOUT",
     "NON_PERSISTENT",
+    "PUBLISH_SEQUENCE_NUMBER",
     "REPLY_TO",
-    "TIME_SENT",
     "incoming",
     "incoming_poison",
     "outgoing",
@@ -98,24 +102,27 @@ ENCLOSED_MESSAGE_TYPES = "NServiceBus.EnclosedMessageTypes"
 NON_PERSISTENT = "NServiceBus.Transport.RabbitMQ.UseNonPersistentDelivery"
 DELAY_IN_SECONDS = "NServiceBus.Transport.RabbitMQ.DelayInSeconds"
 CONFIRMATION_ID = "NServiceBus.Transport.RabbitMQ.ConfirmationId"
+CALLBACK_QUEUE = "NServiceBus.RabbitMQ.CallbackQueue"
+PUBLISH_SEQUENCE_NUMBER = "x-dotnet-pub-seq-no"
 LAYOUT = "NServiceBus.Bridge.HeaderLayout"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 #: AMQP's default (and RabbitMQ's) largest frame; the properties must fit in one.
 FRAME_MAX = 131_072
 
-_STRIPPED = frozenset({"x-delivery-count", DELAY_IN_SECONDS, CONFIRMATION_ID})
+_STRIPPED = frozenset(
+    {"x-delivery-count", PUBLISH_SEQUENCE_NUMBER, DELAY_IN_SECONDS, CONFIRMATION_ID}
+)
 _STRIPPED_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
 #: Frame header and end (8), content header class, weight, body size and flags (14).
 _FRAME_OVERHEAD = 22
-#: A lifetime this long means "never expires" (TimeSpan.MaxValue is ~29,000 years).
-_FOREVER = timedelta(days=365 * 1000)
+#: An `expiration` this long (1000 years) means "never expires" (and overflows no date).
+_FOREVER_MS = 1000 * 365 * 86_400_000
 _MISSING: Any = object()
-#: Longer layout texts are not kept.
+#: Longer layout texts are parsed each time, not kept.
 _LAYOUT_CACHED = 4096
 #: How many layout texts each direction keeps, parsed or written.
 _LAYOUTS_KEPT = 64
-_LAYOUT_TEXTS: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
 _LAYOUT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
@@ -133,26 +140,14 @@ def outgoing(
     if message_id is None or not message_id.strip():
         raise MessageRejected(f"{MESSAGE_ID} is missing; RabbitMQ endpoints require a message id")
     expiration: str | None = None
-    timestamp: int | None = None
-    if envelope.expires_at is not None:
-        remaining_ms = max(1, math.floor((envelope.expires_at - now) * 1000))
-        expiration = str(remaining_ms)
-        timestamp = round(now)
-        headers[TIME_TO_BE_RECEIVED] = format_timespan(timedelta(milliseconds=remaining_ms))
-    order = list(headers)
+    lifetime = time_to_live_ms(envelope, now)
+    if lifetime is not None:
+        expiration = str(max(1, math.floor(lifetime)))
     persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
-    nulls = [name for name, value in headers.items() if value is None]
+    nulls = tuple(name for name, value in headers.items() if value is None)
     table: dict[str, str | None] = headers  # no copy: below, `headers` is never read for LAYOUT
-    try:
-        "".join(order).encode()  # every name at once; on failure, find the first one
-    except UnicodeEncodeError:
-        try:
-            sorted(order, key=str.encode)  # raises for the first name that is not encodable
-        except UnicodeEncodeError as exc:
-            raise MessageRejected(f"a header name is not encodable as UTF-8: {exc}") from exc
-    # For encodable text, code point order is UTF-8 byte order.
-    if nulls or not persistent or order != sorted(order):
-        table[LAYOUT] = _layout_text(tuple(order), tuple(nulls))
+    if nulls:
+        table[LAYOUT] = _layout_text(nulls)
     enclosed = headers.get(ENCLOSED_MESSAGE_TYPES)
     content_type = headers.get(CONTENT_TYPE)
     properties, size = sized_properties(
@@ -163,7 +158,6 @@ def outgoing(
         headers.get(REPLY_TO),
         expiration,
         message_id,
-        timestamp,
         None if enclosed is None else enclosed.split(",", 1)[0],
     )
     if size + _FRAME_OVERHEAD > frame_max:
@@ -173,18 +167,10 @@ def outgoing(
     return properties, envelope.body
 
 
-def _layout_text(order: tuple[str, ...], nulls: tuple[str, ...]) -> str:
-    """The layout header's JSON; endpoints send the same few header orders over and over."""
-    key = (order, nulls)
-    text = _LAYOUT_TEXTS.get(key)
-    if text is None:
-        layout = {"order": list(order), "null": list(nulls)} if nulls else {"order": list(order)}
-        text = _LAYOUT_JSON(layout)
-        if len(text) <= _LAYOUT_CACHED:
-            if len(_LAYOUT_TEXTS) >= _LAYOUTS_KEPT:
-                _LAYOUT_TEXTS.clear()  # what is sent again soon is kept again soon
-            _LAYOUT_TEXTS[key] = text
-    return text
+@functools.lru_cache(maxsize=_LAYOUTS_KEPT)
+def _layout_text(nulls: tuple[str, ...]) -> str:
+    """The layout header's JSON; a sender writes the same few null names over and over."""
+    return _LAYOUT_JSON({"null": list(nulls)})
 
 
 def _text(value: object) -> str | None:
@@ -192,16 +178,14 @@ def _text(value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError as exc:
-            raise HeadersFormatError(f"a header value is not UTF-8: {exc}") from exc
+        return value.decode("utf-8", "replace")
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, decimal.Decimal):
         return format(value, "f")
     if isinstance(value, datetime):
-        return format_timestamp(value)
+        # pika 1.3 decodes an AMQP timestamp as a naive datetime; it is UTC.
+        return format_timestamp(value if value.tzinfo else value.replace(tzinfo=UTC))
     if isinstance(value, dict):
         return ",".join(f"{_name(k)}={_text(v) or ''}" for k, v in value.items())
     if isinstance(value, list):
@@ -215,27 +199,27 @@ def _name(name: str | bytes) -> str:
     return name
 
 
-def _layout(raw: object) -> tuple[tuple[str, ...], frozenset[str]]:
-    """Names in their written order and the names written as null; empty when unreadable."""
+def _layout_nulls(raw: object) -> frozenset[str]:
+    """The names the layout header lists as null; none when it is absent or unreadable."""
+    if raw is None:
+        return frozenset()
     try:
         text = _text(raw) or ""
     except HeadersFormatError:
-        return (), frozenset()
+        return frozenset()
     if len(text) > _LAYOUT_CACHED:
         return _parse_layout(text)
     return _cached_layout(text)
 
 
-def _parse_layout(text: str) -> tuple[tuple[str, ...], frozenset[str]]:
+def _parse_layout(text: str) -> frozenset[str]:
     try:
-        layout = json.loads(text)
-        order, nulls = layout.get("order", []), layout.get("null", [])
+        nulls = json.loads(text).get("null", [])
     except (ValueError, AttributeError):
-        return (), frozenset()
-    if not isinstance(order, list) or not isinstance(nulls, list):
-        return (), frozenset()
-    names = tuple(n for n in order if isinstance(n, str))
-    return names, frozenset(n for n in nulls if isinstance(n, str))
+        return frozenset()
+    if not isinstance(nulls, list):
+        return frozenset()
+    return frozenset(n for n in nulls if isinstance(n, str))
 
 
 # One sender writes the same layout on every message of a kind: parse each text once.
@@ -255,10 +239,11 @@ def _overwrite(items: dict[str, str | None], name: str, value: str | None) -> No
         items[name] = value
 
 
-def incoming(properties: pika.BasicProperties, body: bytes) -> Envelope:
-    """The envelope an AMQP message carries; raise HeadersFormatError when it is poison."""
+def incoming(properties: pika.BasicProperties, body: bytes, received: float) -> Envelope:
+    """The envelope of an AMQP message delivered to the bridge at `received` (epoch seconds);
+    raise HeadersFormatError when it is poison."""
     table: dict[str | bytes, object] = properties.headers or {}
-    order, nulls = _layout(table.get(LAYOUT))
+    nulls = _layout_nulls(table.get(LAYOUT))
     items: dict[str, str | None] = {}
     for name, value in table.items():
         if type(name) is not str:
@@ -271,6 +256,8 @@ def incoming(properties: pika.BasicProperties, body: bytes) -> Envelope:
         text = _text(value)
         items[name] = text if text is not None or name in nulls else ""
     _overwrite(items, REPLY_TO, _property(properties, "reply_to"))
+    if CALLBACK_QUEUE in items:  # a legacy reply address: it wins, as in NServiceBus
+        items[REPLY_TO] = items[CALLBACK_QUEUE]
     _overwrite(items, CORRELATION_ID, _property(properties, "correlation_id"))
     content_type = _property(properties, "content_type")
     written = items.get(CONTENT_TYPE)
@@ -291,49 +278,21 @@ def incoming(properties: pika.BasicProperties, body: bytes) -> Envelope:
                 f"neither the message_id property nor an {MESSAGE_ID} header is set"
             )
         items[MESSAGE_ID] = native
-    if order:
-        placed = {name: items[name] for name in order if name in items}
-        if len(placed) != len(items):  # else every name is placed already
-            placed.update(items)
-        items = placed
-    return Envelope(
-        Headers(items.items()),
-        body,
-        expires_at=_expires_at(properties, items),
-        native_id=native,
-    )
+    expires_at = None
+    if properties.expiration is not None and not never_expires(items):
+        expires_at = _expires_at(properties.expiration, received)
+    return Envelope(Headers(items.items()), body, expires_at=expires_at, native_id=native)
 
 
-def _is_ascii_digits(text: str) -> bool:
-    # str.isdigit() also accepts '²' and other digits int() refuses.
-    return text.isascii() and text.isdigit()
-
-
-def _expires_at(properties: pika.BasicProperties, items: dict[str, str | None]) -> float | None:
-    # The lifetime first: most messages have none, and then TimeSent need not be read.
-    lifetime: timedelta | None = None
-    if items.get(TIME_TO_BE_RECEIVED):
-        try:
-            lifetime = parse_timespan(items[TIME_TO_BE_RECEIVED] or "")
-        except ValueError:
-            lifetime = None
-    elif isinstance(properties.expiration, str) and _is_ascii_digits(properties.expiration):
-        milliseconds = int(properties.expiration)
-        if milliseconds < _FOREVER / timedelta(milliseconds=1):  # beyond: never (no overflow)
-            lifetime = timedelta(milliseconds=milliseconds)
-    if lifetime is None or lifetime >= _FOREVER:
+def _expires_at(expiration: object, received: float) -> float | None:
+    """`received` + `expiration` milliseconds; None when it is not a number RabbitMQ takes
+    (ASCII digits; str.isdigit() also accepts '²', which int() refuses) or is forever."""
+    if not isinstance(expiration, str) or not (expiration.isascii() and expiration.isdigit()):
         return None
-    sent: float | None = None
-    if isinstance(properties.timestamp, int):
-        sent = float(properties.timestamp)
-    elif items.get(TIME_SENT):
-        try:
-            sent = timestamp_seconds(items[TIME_SENT] or "")
-        except ValueError:
-            sent = None
-    if sent is None:
+    milliseconds = int(expiration)
+    if milliseconds >= _FOREVER_MS:
         return None
-    return sent + lifetime.total_seconds()
+    return received + milliseconds / 1000
 
 
 def readable_text(value: object) -> str | None:

@@ -19,6 +19,9 @@ Guarantees
     source overlap, each is acknowledged or returned by its own tags instead. A lost connection
     or channel returns every unacknowledged delivery to the queue; settling a batch received on
     a channel that is gone raises `TransportUnavailable` (its messages come again).
+    Because of these returns, a quorum queue must not drop a message returned often: before it
+    consumes on a new channel the source checks the queue's delivery limit and, on RabbitMQ 4,
+    lifts the default one as NServiceBus does, or raises `TransportError` (`delivery_limit.py`).
 
 Poison
     A message `headers.incoming` cannot read (no message id at all, a header or property that
@@ -39,7 +42,9 @@ Poison
 
 What is lossy
     Nothing at the source: a message leaves the queue only by an acknowledgement. Expired
-    messages are dropped by RabbitMQ itself (`expiration`), so `batch.expired` is always 0.
+    messages are dropped by RabbitMQ itself (`expiration`), so `batch.expired` is always 0. A
+    message's `expiration` counts from the moment it arrived in the inbox (`headers.incoming`);
+    one whose lifetime runs out in the bridge is dropped by the runner.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from bridge.transports.rabbitmq.config import (
 )
 from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.deadletter import ErrorQueue
+from bridge.transports.rabbitmq.delivery_limit import DeliveryLimits
 from bridge.transports.rabbitmq.handoff import Done
 from bridge.transports.rabbitmq.headers import incoming, incoming_poison
 from bridge.transports.rabbitmq.inbox import Delivery, Inbox
@@ -93,7 +99,12 @@ class _Held:
 
 class RabbitMQSource:
     def __init__(
-        self, config: RabbitMQConnection, name: str, address: str, error_queue: str | None
+        self,
+        config: RabbitMQConnection,
+        name: str,
+        address: str,
+        error_queue: str | None,
+        limits: DeliveryLimits | None = None,
     ) -> None:
         self.address = address
         self.error_queue = error_queue or DEFAULT_ERROR_QUEUE
@@ -109,6 +120,8 @@ class RabbitMQSource:
         self._prefetch = 0
         self._held: list[_Held] = []
         self._cancel_hooked = 0  # the ioloop thread's: epoch of the channel hooked for cancels
+        self._limits = limits or DeliveryLimits(config, self._where)
+        self._limits_epoch: int | None = None  # the channel the delivery limit was checked for
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -132,9 +145,11 @@ class RabbitMQSource:
         deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []
         poison: list[tuple[PoisonMessage, pika.BasicProperties, bytes]] = []
+        wall_clock = time.time() - time.monotonic()  # `arrived` is monotonic
         for delivery in deliveries:
             try:
-                messages.append(incoming(delivery.properties, delivery.body))
+                received = wall_clock + delivery.arrived
+                messages.append(incoming(delivery.properties, delivery.body, received))
             except HeadersFormatError as exc:
                 item = incoming_poison(delivery.properties, delivery.body, exc)
                 poison.append((item, delivery.properties, delivery.body))
@@ -177,6 +192,7 @@ class RabbitMQSource:
                 return consumer
             await self._reset_channel(consumer)
         self._consumer = None
+        await self._check_delivery_limit()
         wanted = max(self._prefetch, self._config.prefetch, max_messages)
         self._prefetch = min(wanted, _MAX_PREFETCH)
         prefetch, queue, number = self._prefetch, self.address, next(_CONSUMERS)
@@ -206,6 +222,20 @@ class RabbitMQSource:
 
         self._consumer = await self._link.run(start, what=f"consume from {queue!r}")
         return self._consumer
+
+    async def _check_delivery_limit(self) -> None:
+        """Before consuming on a channel the queue's delivery limit was not checked for (the
+        first, or one of a new connection: the broker may have been upgraded in between), make
+        sure a return cannot drop messages (`delivery_limit.py`); raises `TransportError` if it
+        could. The broker is reached first, so an unreachable one fails as it always does."""
+
+        def channel_epoch(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+            done.ok(epoch)
+
+        epoch: int = await self._link.run(channel_epoch, what="connect")
+        if epoch != self._limits_epoch:
+            await self._limits.ensure(self.address)
+            self._limits_epoch = epoch
 
     async def _reset_channel(self, consumer: _Consumer) -> None:
         """The broker cancelled the consumer (its queue was deleted or moved): close the channel,

@@ -5,11 +5,13 @@ PostgreSQL and SQL Server connections size the pool their routes share (`pool_si
 `pool_timeout`: `bridge.transports.sql.pool`); SQLite has none.
 A queue table name a database or the NServiceBus installer would refuse is found here, before
 anything connects: PostgreSQL tables of more than 55 bytes (the installer's limit: the `seq`
-sequence's name must fit 63-byte identifiers), SQL Server tables over 128 characters (sysname).
+sequence's name must fit 63-byte identifiers), SQL Server tables over 128 characters (sysname),
+and a PostgreSQL DSN libpq would refuse (`dsn_problems`, with psycopg when it is installed).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Literal
 
@@ -32,6 +34,7 @@ __all__ = [
     "address_key",
     "address_problem",
     "canonical_address",
+    "dsn_problems",
     "lint",
 ]
 
@@ -101,8 +104,73 @@ SqlConnection = SqliteConnection | PostgresConnection | SqlServerConnection
 
 
 def lint(connection: SqlConnection) -> Iterator[Problem]:
-    """Cross-field rules of one connection (none yet: every SQL key stands alone)."""
-    return iter(())
+    """A PostgreSQL DSN libpq would refuse (`dsn_problems`)."""
+    if isinstance(connection, PostgresConnection):
+        for problem in dsn_problems(connection.dsn):
+            yield "dsn", problem
+
+
+#: libpq's values for the options whose mistakes it finds only when it connects (and psycopg
+#: then reports as a failed connection, which the bridge would retry).
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+#: libpq messages whose quoted text is an option name the user wrote; any other quoted text
+#: may be (part of) a password, and is not shown.
+_NAME_MESSAGES = ("invalid connection option", "invalid URI query parameter")
+_QUOTED = re.compile(r'"([^"]*)"')
+#: The placeholder the loader writes for a missing variable when nothing will connect.
+_UNSET = "<unset-"
+
+
+def dsn_problems(dsn: str) -> Iterator[str]:
+    """What libpq would refuse in a PostgreSQL DSN, parsed as psycopg parses it (libpq's
+    `PQconninfoParse`, no connection); nothing when psycopg is not installed (it is needed to
+    connect anyway) or the DSN is a placeholder (`install --print-sql` without variables)."""
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return
+    if _UNSET in dsn:
+        return
+    try:
+        options = conninfo_to_dict(dsn)
+    except ProgrammingError as exc:
+        yield f"invalid dsn: {_without_values(str(exc), dsn)}"
+        return
+    for port in str(options.get("port", "")).split(",") if options.get("port") else ():
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            yield "dsn: the port must be a number from 1 to 65535"
+    for name in ("connect_timeout", "keepalives_idle", "keepalives_interval"):
+        value = str(options.get(name, "0")).strip()
+        if not value.lstrip("-").isdigit():
+            yield f"dsn: {name} must be a whole number of seconds"
+    sslmode = options.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        yield f"dsn: sslmode {sslmode!r} is not one of {', '.join(_SSLMODES)}"
+
+
+#: A `password=` value and the word after it (part of the password when it has an unquoted
+#: space, which libpq then reads as the next option's name).
+_PASSWORD_VALUE = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'?|\S*)(\s+\S+)?", re.IGNORECASE)
+
+
+def _without_values(message: str, dsn: str) -> str:
+    """libpq's `message` with every quoted piece of the DSN hidden but option names outside
+    the password: a malformed password shows up there ('missing "=" after "ret"')."""
+    secrets = "".join(match.group(0) for match in _PASSWORD_VALUE.finditer(dsn))
+    if "://" in dsn and "@" in dsn:
+        secrets += dsn.rsplit("@", 1)[0]  # the URL's user and password
+    names_shown = message.startswith(_NAME_MESSAGES)
+
+    def shown(match: re.Match[str]) -> str:
+        text = match.group(1)
+        if not text.strip("=[]") or (
+            names_shown and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) and text not in secrets
+        ):
+            return match.group(0)
+        return '"..."'
+
+    return _QUOTED.sub(shown, " ".join(message.split()))
 
 
 def address_problem(kind: str, name: str) -> str | None:

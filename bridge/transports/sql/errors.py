@@ -5,8 +5,10 @@ timeouts, deadlocks, serialization failures, a busy/locked SQLite file, the serv
 down or out of resources. A value the database refuses for good (a data exception: each
 dialect's docstring lists which) is `MessageRejected` without an index (with one where the
 caller names the message): in a sink's insert it is one message the destination can never
-take, and the runner sends the batch one by one to find it. Everything else a driver raises
-(missing table, permission denied) is a `TransportError`: retrying will not help.
+take, and the runner sends the batch one by one to find it. A refused login or access (wrong
+password, unknown user or database, missing grants) is `AccessRefused`, whatever else the
+driver says about the connection. Everything else a driver raises (a missing table) is a
+`TransportError`: retrying will not help.
 
 Which is which is data in each dialect module (`classify`: codes and SQLSTATE classes), which
 returns None for an exception that is not its driver's, so programming errors keep their own
@@ -20,7 +22,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from bridge.errors import BridgeError, MessageRejected, TransportError, TransportUnavailable
+from bridge.errors import (
+    AccessRefused,
+    BridgeError,
+    MessageRejected,
+    TransportError,
+    TransportUnavailable,
+)
 
 __all__ = ["Classify", "Failure", "translate", "translated"]
 
@@ -32,6 +40,7 @@ class Failure:
     retriable: bool
     rejected: bool = False  # a value refused for good: one message the table cannot take
     text: str | None = None  # what to say instead of str(exc) (never a server's DETAIL)
+    refused: bool = False  # the login or the access was refused: permanent, whatever else
 
 
 #: A dialect's classification: None for an exception that is not its driver's.
@@ -49,6 +58,8 @@ def translate(
     if failure is None:
         return None
     text = " ".join((failure.text or str(exc)).split()) or type(exc).__name__
+    if failure.refused:
+        return AccessRefused(f"{where}: access refused: {text}")
     if failure.retriable:
         return TransportUnavailable(f"{where} unavailable: {text}")
     if failure.rejected:

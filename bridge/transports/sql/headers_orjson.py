@@ -1,11 +1,12 @@
 """The speed-up seam `sql_headers_orjson`: the Headers column codec's common case through orjson.
 
 Why: both directions run once per message sent or received, and orjson does the common case
-about 3x faster than the standard library. Bench: `bench/speedups.py sql_headers_orjson`.
+several times faster than the plain codec (the standard library's decoder, and an encoder that
+escapes in Python as NServiceBus does). Bench: `bench/speedups.py sql_headers_orjson`.
 Equivalence: `tests/unit/test_sql_headers_orjson.py` (fast and plain give the same text, the
 same Headers, the same refusals). `bridge.transports.sql.headers` picks it once at import
 unless `BRIDGE_SPEEDUPS_OFF` names it; each function here answers only where its result is
-provably the standard library's, and None otherwise (the plain codec then decides).
+provably the plain codec's, and None otherwise (the plain codec then decides).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ Limits
 Errors (which are retriable)
     `errors`: unreachable server, broken connection, timeouts, deadlocks, serialization
     failures, a busy SQLite file are `TransportUnavailable`; a value the table refuses for good
-    is `MessageRejected`; the rest is `TransportError`. A fenced checkpoint another writer moved
+    is `MessageRejected`; a refused login or access is `AccessRefused`; the rest is
+    `TransportError`. A fenced checkpoint another writer moved
     is `CheckpointConflict` (`PositionMoved`, retriable, for a Kafka source's batch).
 
 What is lossy
@@ -169,7 +170,9 @@ class Transport(RangeReads):
         return statements
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
-        """Reach the database; raise when a table is missing; return warnings."""
+        """Reach the database (never creating it); raise when a table is missing; return
+        warnings."""
+        self.dialect.before_check()
         return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
 
     async def peek(self, address: str) -> QueueStats:

@@ -125,6 +125,10 @@ class Dialect(ABC):
         """False once the connection is known to be broken (it is then reopened)."""
         return True
 
+    def before_check(self) -> None:  # noqa: B027 - only a database a connect can create
+        """Raise what `check` should report without connecting: a connect that would create
+        the database (SQLite's file) must not happen as a side effect of looking at it."""
+
     def fetch(self, cursor: DbCursor) -> Sequence[Sequence[Any]]:
         """All rows of the statement just executed."""
         return cursor.fetchall()

@@ -25,11 +25,18 @@ Limits
 
 Errors
     Connection failures and SQLSTATE classes 08, 40 (serialization, deadlock), 53, 57, 58 and
-    55P03 are retriable; the rest are not.
+    55P03 are retriable; the rest are not. A refused login or access is `AccessRefused`:
+    SQLSTATE class 28 (a wrong password, an unknown role, no pg_hba.conf entry), 3D000 (no such
+    database) and 42501 (no privilege). A login refused while connecting carries no SQLSTATE
+    in psycopg (libpq has no result to take it from), so it is recognised by the server's
+    message, as PostgreSQL and PgBouncer write it in English (`REFUSED_AT_CONNECT`); a server
+    with another `lc_messages` is recognised for what libpq itself says (no password supplied)
+    and otherwise retried as an unreachable server.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -56,6 +63,23 @@ __all__ = ["PostgresDialect", "classify"]
 RETRIABLE_CLASSES = {"08", "40", "53", "57", "58"}
 RETRIABLE_STATES = {"55P03"}  # lock_not_available
 REJECTED_CLASSES = {"22", "54"}  # data exception, program limit exceeded
+# invalid authorization specification (28000 unknown role, no pg_hba.conf entry; 28P01 wrong
+# password), invalid catalog name (no such database), insufficient privilege
+REFUSED_CLASSES = {"28"}
+REFUSED_STATES = {"3D000", "42501"}
+#: What a login the server (or PgBouncer) refused says while connecting, where psycopg has no
+#: SQLSTATE. PostgreSQL's src/backend/libpq/auth.c ("... authentication failed for user",
+#: "no pg_hba.conf entry", "pg_hba.conf rejects connection"), src/backend/utils/init/
+#: miscinit.c ('role "x" does not exist', "is not permitted to log in") and postinit.c
+#: ('database "x" does not exist', "permission denied for database"); libpq's
+#: PQnoPasswordSupplied ("fe_sendauth: no password supplied"); PgBouncer ("no such user",
+#: "no such database").
+REFUSED_AT_CONNECT = re.compile(
+    r"authentication failed for user|no pg_hba\.conf entry|pg_hba\.conf rejects connection"
+    r'|role ".*" does not exist|database ".*" does not exist|is not permitted to log in'
+    r"|permission denied for database|no password supplied|no such user|no such database",
+    re.IGNORECASE,
+)
 
 #: max_connections; the connections kept for superusers (and, from PostgreSQL 16, for roles
 #: granted pg_use_reserved_connections); the client connections other than this one and those
@@ -80,14 +104,17 @@ def classify(exc: BaseException) -> Failure | None:
         return None
     state = exc.sqlstate
     if state is None:  # raised by the client: connect failed, connection closed or broken
+        refused = REFUSED_AT_CONNECT.search(str(exc)) is not None
         retriable = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     else:
+        refused = state[:2] in REFUSED_CLASSES or state in REFUSED_STATES
         retriable = state[:2] in RETRIABLE_CLASSES or state in RETRIABLE_STATES
     # DataError without a state: refused by psycopg itself (a NUL character in text).
     rejected = isinstance(exc, psycopg.DataError) or (state or "")[:2] in REJECTED_CLASSES
     # The server's DETAIL can quote a failing row (message headers and body): keep it out.
     primary = exc.diag.message_primary if state is not None else None
-    return Failure(retriable, rejected, f"{primary} (SQLSTATE {state})" if primary else None)
+    text = f"{primary} (SQLSTATE {state})" if primary else None
+    return Failure(retriable, rejected, text, refused=refused)
 
 
 class PostgresDialect(Dialect):

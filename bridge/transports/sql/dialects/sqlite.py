@@ -15,8 +15,11 @@ Features
     also `synchronous=NORMAL` (see `SqliteDialect.receiving_session`).
 
 Connection
-    `{type: sqlite, path: ./bridge.db, busy_timeout: 30}`; the file is created when missing.
-    The canonical address is the PostgreSQL form with SQLite's schema: `"main"."Sales"`.
+    `{type: sqlite, path: ./bridge.db, busy_timeout: 30}`; the file is created when missing
+    (by `install`, and by any other command that writes), but `check` (`bridge check
+    --connect`, a route's readiness probe) reports a missing file instead of creating an
+    empty one. The canonical address is the PostgreSQL form with SQLite's schema:
+    `"main"."Sales"`.
 
 Limits
     SQLite has one writer at a time: a received batch holds the write lock until it is settled,
@@ -25,20 +28,26 @@ Limits
     (`SqlSource.sink_in_transaction`), so it never waits on its own lock.
 
 Errors
-    Busy/locked, I/O, disk-full and cannot-open are retriable; the rest are not.
+    Busy/locked, I/O, disk-full and cannot-open are retriable; the rest are not. A file that
+    cannot be opened is named, with why where it can be told (`cannot_open`): a missing
+    directory, a directory in its place or a read-only file are `TransportError`, missing
+    permissions `AccessRefused` (none of them goes away by retrying); otherwise it stays
+    retriable.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import cast
 
+from bridge.errors import AccessRefused, BridgeError, TransportError, TransportUnavailable
 from bridge.transports.sql.config import SqliteConnection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect, double_quote, scalar
 from bridge.transports.sql.errors import Failure
 from bridge.transports.sql.layouts.base import CheckpointStatements
 
-__all__ = ["SqliteDialect", "classify", "set_up"]
+__all__ = ["SqliteDialect", "cannot_open", "classify", "set_up"]
 
 # SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_PROTOCOL
 RETRIABLE_CODES = {5, 6, 10, 13, 14, 15}
@@ -58,6 +67,36 @@ def classify(exc: BaseException) -> Failure | None:
     retriable = code is not None and code & 0xFF in RETRIABLE_CODES
     rejected = isinstance(exc, sqlite3.DataError) or code in REJECTED_CODES
     return Failure(retriable, rejected)
+
+
+#: Paths that are no file: an in-memory database, a temporary one.
+_NO_FILE = ("", ":memory:")
+SQLITE_CANTOPEN, SQLITE_READONLY = 14, 8
+
+
+def cannot_open(where: str, path: str, exc: sqlite3.Error) -> BridgeError:
+    """The error for a database file SQLite could not open (or write: WAL mode creates
+    `<file>-wal` and `<file>-shm` next to it), naming the file and, where the file system
+    tells, why."""
+    file = os.path.abspath(path)
+    folder = os.path.dirname(file)
+    uid = os.geteuid()
+    text = f"{where}: cannot open database file {file!r}"
+    if not os.path.isdir(folder):
+        return TransportError(f"{text}: directory {folder!r} does not exist")
+    if os.path.isdir(file):
+        return TransportError(f"{text}: it is a directory")
+    if os.path.exists(file) and not os.access(file, os.R_OK | os.W_OK):
+        return AccessRefused(f"{text}: permission denied: user {uid} cannot read and write it")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return AccessRefused(
+            f"{text}: permission denied: user {uid} cannot create files in {folder!r} (SQLite "
+            "creates the database there, and its -wal and -shm files next to it)"
+        )
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code == SQLITE_READONLY:
+        return TransportError(f"{text}: {exc} (a read-only file or file system)")
+    return TransportUnavailable(f"{where} unavailable: {exc}: {file!r}")
 
 
 def set_up(db: sqlite3.Connection) -> None:
@@ -82,16 +121,33 @@ class SqliteDialect(Dialect):
         super().__init__(connection_name, config.layout)
 
     def connect(self) -> DbConnection:
-        # isolation_level=None: no implicit BEGIN; `begin` takes the write lock up front.
-        db = sqlite3.connect(
-            self.config.path, timeout=self.config.busy_timeout, isolation_level=None
-        )
+        try:
+            # isolation_level=None: no implicit BEGIN; `begin` takes the write lock up front.
+            db = sqlite3.connect(
+                self.config.path, timeout=self.config.busy_timeout, isolation_level=None
+            )
+        except sqlite3.OperationalError as exc:
+            raise cannot_open(self.describe(), self.config.path, exc) from exc
         try:
             set_up(db)
+        except sqlite3.OperationalError as exc:
+            db.close()
+            code = (exc.sqlite_errorcode or 0) & 0xFF
+            if code in (SQLITE_CANTOPEN, SQLITE_READONLY):
+                raise cannot_open(self.describe(), self.config.path, exc) from exc
+            raise
         except BaseException:
             db.close()
             raise
         return cast(DbConnection, db)
+
+    def before_check(self) -> None:
+        path = self.config.path
+        if path not in _NO_FILE and not os.path.exists(path):
+            raise TransportError(
+                f"{self.describe()}: database file {os.path.abspath(path)!r} does not exist "
+                "(`bridge install` creates it)"
+            )
 
     classify = staticmethod(classify)
 

@@ -32,7 +32,12 @@ What is lossy
 
 Errors
     SQLSTATE 08xxx (connection), HYT00/HYT01 (timeouts), 40001 and errors 1205 (deadlock),
-    1222 (lock timeout), -2, 10054, 10060, 40613 are retriable; the rest are not.
+    1222 (lock timeout), -2, 10054, 10060, 40613 are retriable; the rest are not. A refused
+    login or access is `AccessRefused`, also when the driver adds an 08001 "unable to connect"
+    record to it: SQLSTATE 28000, and errors 18456 (login failed), 18452 (untrusted domain),
+    18486-18488 (account locked, password expired, must be changed), 4060 and 4064 (cannot
+    open the database the login asks for), 916 (no access to the database), 229, 230, 262,
+    297 (permission denied), 40615 and 40532 (Azure SQL's firewall and login refusals).
 """
 
 from __future__ import annotations
@@ -58,6 +63,26 @@ __all__ = ["SqlServerDialect", "TrackedConnection", "classify"]
 # ODBC: 08xxx connection, HYT00/HYT01 timeouts, 40001 deadlock victim (1205)
 RETRIABLE_STATES = {"HYT00", "HYT01", "40001"}
 RETRIABLE_NUMBERS = ("(1205)", "(1222)", "(-2)", "(10054)", "(10060)", "(40613)")
+#: Invalid authorization specification: what ODBC drivers report for a refused login.
+REFUSED_STATES = {"28000"}
+#: SQL Server error numbers of a refused login or access, as pyodbc writes them after the text:
+#: `Login failed for user 'x'. (18456) (SQLDriverConnect)`.
+REFUSED_NUMBERS = (
+    "(18456)",
+    "(18452)",
+    "(18486)",
+    "(18487)",
+    "(18488)",
+    "(4060)",
+    "(4064)",
+    "(916)",
+    "(229)",
+    "(230)",
+    "(262)",
+    "(297)",
+    "(40615)",
+    "(40532)",
+)
 
 
 def classify(exc: BaseException) -> Failure | None:
@@ -73,7 +98,8 @@ def classify(exc: BaseException) -> Failure | None:
         or state in RETRIABLE_STATES
         or any(number in message for number in RETRIABLE_NUMBERS)
     )
-    return Failure(retriable, rejected=state.startswith("22"))
+    refused = state in REFUSED_STATES or any(number in message for number in REFUSED_NUMBERS)
+    return Failure(retriable, rejected=state.startswith("22"), refused=refused)
 
 
 class TrackedConnection:

@@ -19,7 +19,8 @@ The NServiceBus row mapping below is the base class's; both NServiceBus layouts 
 
 Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` in this order):
     id       fresh uuid4 as text: the native id, never the logical message id
-    ttl_ms   remaining lifetime in whole milliseconds, or None for "never expires";
+    ttl_ms   remaining lifetime in whole milliseconds (a message the bridge originates: the
+             time to live it was given), or None for "never expires";
              the database turns it into `Expires` with its own clock
     headers  the Headers column text (`bridge.transports.sql.headers.write`: the text the row
              was read from when its headers are unchanged, else `encode`)
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.nservicebus.lifetime import never_expires, time_to_live_ms
 from bridge.transports.sql import headers as headers_codec
 
 if TYPE_CHECKING:
@@ -159,10 +161,12 @@ def outgoing(envelope: Envelope, now: float, native_id: str | None = None) -> Ou
     (`native_id` from `new_ids` when many rows are made at once).
 
     A lifetime already spent is written as 0 ms: the row expires at once and the receiver drops
-    it, as it would have dropped the message itself.
+    it, as it would have dropped the message itself. An error-queue or audit copy is written
+    without one, a message the bridge originates with the time to live it was given
+    (`bridge.nservicebus.lifetime`).
     """
-    remaining = envelope.ttl_remaining(now)
-    ttl_ms = None if remaining is None else max(0, round(remaining * 1000))
+    lifetime = time_to_live_ms(envelope, now)
+    ttl_ms = None if lifetime is None else max(0, round(lifetime))
     return OutgoingRow(
         native_id or new_id(), ttl_ms, headers_codec.write(envelope.headers), bytes(envelope.body)
     )
@@ -222,7 +226,8 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
     A row without `NServiceBus.MessageId`, or with an empty one (a native-integration insert),
     gets its row Id as message id, as an NServiceBus endpoint reading it does. The headers keep
     the column text until they change (`headers.read`), so a row forwarded to another queue
-    table unchanged keeps its Headers text byte for byte.
+    table unchanged keeps its Headers text byte for byte. Its lifetime is what `Expires` leaves
+    of it, none for an error-queue or audit copy.
     """
     try:
         headers = headers_codec.read(row.headers)
@@ -236,8 +241,10 @@ def incoming(row: QueueRow, now: float) -> Envelope | PoisonMessage:
         )
     if not headers.get(MESSAGE_ID):  # a native insert without one: its row Id, as endpoints do
         headers.set(MESSAGE_ID, row.native_id)
-    expires_at = None if row.remaining_ms is None else now + row.remaining_ms / 1000
-    return Envelope(headers, row.body, expires_at=expires_at, native_id=row.native_id)
+    deadline = None
+    if row.remaining_ms is not None and not never_expires(headers):
+        deadline = now + row.remaining_ms / 1000
+    return Envelope(headers, row.body, expires_at=deadline, native_id=row.native_id)
 
 
 def _as_text_if_utf8(raw: str | bytes | None) -> str | bytes | None:
