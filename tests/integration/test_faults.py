@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import subprocess
 import textwrap
 import time
@@ -370,10 +371,16 @@ async def outage(
         while await progress() == 0:
             assert time.monotonic() < deadline and bridge.running, bridge.output()
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(stop)
+        # The bridge is paused while the service goes away, so that the outage always comes
+        # mid-stream: stopping a service takes a second or two, time enough to move it all.
+        os.kill(bridge.pid, signal.SIGSTOP)
+        try:
+            await asyncio.to_thread(stop)
+        finally:
+            os.kill(bridge.pid, signal.SIGCONT)
         try:
             await asyncio.sleep(3)
-            assert bridge.running, "the bridge must stay up through the outage"
+            assert bridge.running, f"the bridge must stay up through the outage: {bridge.output()}"
         finally:
             await asyncio.to_thread(start)
         code = await asyncio.to_thread(bridge.wait)
