@@ -20,7 +20,7 @@ from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig, DerivedRoute
 from bridge.config.registry import Registry
 from bridge.envelope import MESSAGE_ID
-from bridge.errors import BridgeError, UsageError
+from bridge.errors import AccessRefused, BridgeError, TransportUnavailable, UsageError
 from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
 from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.service.capacity import connection_warnings
@@ -109,6 +109,14 @@ def _transport(config: BridgeConfig, name: str) -> Transport:
     return load(name, config.connections[name])
 
 
+async def _exists(transport: Transport, address: str) -> bool:
+    try:
+        await transport.check([address])
+    except BridgeError:
+        return False
+    return True
+
+
 async def check(config_path: str, *, connect: bool) -> int:
     """Validate the config; with `connect`, reach every connection and each address it needs,
     and warn where the routes could need more server connections than are left
@@ -129,14 +137,16 @@ async def check(config_path: str, *, connect: bool) -> int:
         except BridgeError as exc:
             failures += 1
             print(f"{name}: FAILED: {exc}")
-            if proxies.get(name) and not config.proxies.create:
-                listed = proxies[name]
-                what = "is a proxy" if len(listed) == 1 else "are proxies"
-                print(
-                    f"{name}: note: {', '.join(listed)} {what}, which `bridge install` creates "
-                    "only with `proxies: {create: true}` (it needs the rights to); otherwise "
-                    "create them as the endpoints' own installers would"
-                )
+            reached = not isinstance(exc, AccessRefused | TransportUnavailable)
+            if reached and proxies.get(name) and not config.proxies.create:
+                missing = [q for q in proxies[name] if not await _exists(transport, q)]
+                if missing:
+                    what = "is a proxy" if len(missing) == 1 else "are proxies"
+                    print(
+                        f"{name}: note: {', '.join(missing)} {what}, which `bridge install` "
+                        "creates only with `proxies: {create: true}` (it needs the rights to); "
+                        "otherwise create them as the endpoints' own installers would"
+                    )
             continue
         finally:
             await transport.close()
@@ -349,8 +359,9 @@ def render_registry(report: dict[str, Any]) -> str:
 
 
 async def endpoints(config_path: str, *, as_json: bool) -> int:
-    """Print the endpoint registry: endpoints, their addresses everywhere, derived routes."""
-    config = load_routes(config_path).config
+    """Print the endpoint registry: endpoints, their addresses everywhere, derived routes.
+    It connects to nothing, so it needs no credentials."""
+    config = load_routes(config_path, offline=True).config
     report = describe_registry(config)
     print(json.dumps(report, indent=2) if as_json else render_registry(report))
     return 0

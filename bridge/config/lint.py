@@ -14,16 +14,31 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from bridge.config.kinds import RULES
-from bridge.config.models import ROUTE_NAME, BridgeConfig, ConnectionConfig, Endpoint, Route
+from bridge.config.models import (
+    ROUTE_NAME,
+    BridgeConfig,
+    ConnectionConfig,
+    DerivedRoute,
+    Endpoint,
+    Route,
+)
 from bridge.config.places import place
-from bridge.config.registry import Registry
+from bridge.config.registry import Place, Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
 
-__all__ = ["RULES", "SECRET_KEYS", "credential_warnings", "is_secret", "lint", "route_warnings"]
+__all__ = [
+    "RULES",
+    "SECRET_KEYS",
+    "credential_warnings",
+    "is_secret",
+    "lint",
+    "registry_warnings",
+    "route_warnings",
+]
 
 #: Connection fields that may hold a credential; nothing else in routes.yaml may.
 SECRET_KEYS = ("dsn", "url", "management_url", "sasl_password")
@@ -176,6 +191,28 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
                 "names the routes of the proxies on it)",
                 at.at(("connections", connection), key=True),
             )
+        model = config.connections[connection]
+        if model.type == "sqlserver" and not model.catalog:
+            raise ConfigError(
+                f"connections.{connection}: the endpoint registry needs `catalog` (the database) "
+                "on SQL Server connections: addresses carry it as NServiceBus writes them "
+                "(`Sales@[dbo]@[catalog]`)",
+                at.at(("connections", connection), key=True),
+            )
+    for first, second in registry.collisions():
+
+        def role(place: Place) -> str:
+            return (
+                f"the proxy of {place.endpoint!r}"
+                if place.proxy
+                else f"{place.endpoint!r}'s own queue"
+            )
+
+        raise ConfigError(
+            f"endpoint {second.endpoint!r}: {second.queue!r} on {second.connection!r} would be "
+            f"both {role(first)} and {role(second)}: one queue cannot be both",
+            at.at(("endpoints", second.endpoint), key=True),
+        )
     for proxy in registry.proxies():
         kind = config.connections[proxy.connection].type
         _address_name(
@@ -190,6 +227,13 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
             raise ConfigError(
                 f"endpoint {derived.endpoint!r}, its proxy on {derived.from_.connection!r}: {loop}",
                 at.at(("endpoints", derived.endpoint), key=True),
+            )
+    if config.proxies.error_queue:
+        for connection in registry.proxy_connections:
+            kind = config.connections[connection].type
+            where = at.at(("proxies", "error_queue"))
+            _address_name(
+                kind, config.proxies.error_queue, f"proxies.error_queue on {connection!r}", where
             )
     _error_queues(config, at)
     _routes_against_registry(config, registry, at)
@@ -215,8 +259,18 @@ def _error_queues(config: BridgeConfig, at: Positions) -> None:
 
 
 def _routes_against_registry(config: BridgeConfig, registry: Registry, at: Positions) -> None:
-    """A written route must not do what a derived one does, nor take its name."""
-    derived = {route.name: route for route in registry.routes()}
+    """A written route must not do what a derived one does, nor take its name; two derived
+    routes cannot share a name (`proxy.a.b.c`: connection `a.b`, endpoint `c`, or `a`, `b.c`)."""
+    derived: dict[str, DerivedRoute] = {}
+    for made in registry.routes():
+        other = derived.setdefault(made.name, made)
+        if other is not made:
+            raise ConfigError(
+                f"endpoint {made.endpoint!r}: its route from {made.from_.connection!r} would "
+                f"be named {made.name!r}, as endpoint {other.endpoint!r}'s from "
+                f"{other.from_.connection!r}; rename the endpoint or the connection",
+                at.at(("endpoints", made.endpoint), key=True),
+            )
     sources = {(r.from_.connection, r.from_.address): r for r in derived.values()}
     for i, route in enumerate(config.routes):
         if route.name in derived:
@@ -237,6 +291,30 @@ def _routes_against_registry(config: BridgeConfig, registry: Registry, at: Posit
 #: Connection types NServiceBus endpoints send and reply on. Kafka is not one: no NServiceBus
 #: endpoint replies to a Kafka topic.
 _NSERVICEBUS_TYPES = ("sqlserver", "postgresql", "sqlite", "rabbitmq")
+
+
+def registry_warnings(config: BridgeConfig, at: Positions) -> list[str]:
+    """A registry that works but where messages could not go where users expect."""
+    if not config.endpoints:
+        return []
+    registry = Registry(config)
+    out = []
+    homes = {e.connection for e in config.endpoints.values()}
+    for connection in sorted(homes - set(registry.proxy_connections)):
+        out.append(
+            f"{at.at(('proxies', 'connections'))}: warning: connection {connection!r} hosts "
+            "endpoints but no proxies: its endpoints can receive from the other connections, "
+            "but cannot send to them, and replies to them are refused"
+        )
+    if config.proxies.connections is None:
+        for connection in config.connections:
+            if connection not in homes:
+                out.append(
+                    f"{at.at(('connections', connection), key=True)}: warning: connection "
+                    f"{connection!r} hosts no endpoint, yet gets a proxy and a route for every "
+                    "endpoint; list the connections that take part in `proxies: connections`"
+                )
+    return out
 
 
 def route_warnings(config: BridgeConfig, at: Positions) -> list[str]:

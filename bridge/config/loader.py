@@ -19,7 +19,13 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from bridge.config.lint import credential_warnings, is_secret, lint, route_warnings
+from bridge.config.lint import (
+    credential_warnings,
+    is_secret,
+    lint,
+    registry_warnings,
+    route_warnings,
+)
 from bridge.config.models import BridgeConfig
 from bridge.errors import ConfigError, ConfigErrors
 from bridge.transports import TRANSPORTS
@@ -342,7 +348,7 @@ def parse_config(
         raise _validation_error(exc, positions, builder.raw) from None
     lint(config, positions)
     warnings = builder.notes + credential_warnings(builder.raw, positions, builder.env)
-    warnings += route_warnings(config, positions)
+    warnings += route_warnings(config, positions) + registry_warnings(config, positions)
     return LoadedConfig(config, positions, builder.used, warnings)
 
 

@@ -85,6 +85,17 @@ class Registry:
         config = self.config.connections[connection]
         return str(RULES[config.type].canonical_address(config, self.queue(endpoint, connection)))
 
+    def collisions(self) -> Iterator[tuple[Place, Place]]:
+        """Pairs of places that are one queue: an endpoint's own queue that is another's proxy,
+        or two endpoints' own queues."""
+        seen: dict[tuple[str, Key], Place] = {}
+        for place in self.places():
+            key = (place.connection, self._key(place.connection, place.address))
+            if key in seen:
+                yield seen[key], place
+            else:
+                seen[key] = place
+
     def connections(self) -> list[str]:
         """Every connection the registry uses: the proxies' and the endpoints' own."""
         homes = [e.connection for e in self.endpoints.values()]
@@ -146,11 +157,14 @@ class Registry:
             index = self._index.get(connection)
             if not index:
                 continue
-            key = self._key(connection, address)
-            found = index.get(key) or (index.get((*key[:2], None)) if key[2] else None)
+            found = index.get(self._key(connection, address))
             if found is not None:
                 return found
         return None
+
+    def has_place(self, endpoint: str, connection: str) -> bool:
+        """Whether `endpoint` has a queue on `connection`: its own, or a proxy."""
+        return connection == self.home(endpoint) or connection in self.proxy_connections
 
     def translate(self, address: str, read_on: str, to: str, header: str) -> str:
         """`address`, read on connection `read_on`, as the same endpoint's address on `to`."""
@@ -159,6 +173,11 @@ class Registry:
             raise UnknownAddress(
                 f"{header} {address!r} is not the address of a registered endpoint "
                 f"({self.nearest(address, read_on)}), so it has no address on {to!r}"
+            )
+        if not self.has_place(endpoint, to):
+            raise UnknownAddress(
+                f"{header} {address!r} is endpoint {endpoint!r}, which has no proxy on {to!r} "
+                f"(`proxies: connections` leaves {to!r} out), so it could not be reached from there"
             )
         return self.address(endpoint, to)
 
@@ -169,6 +188,11 @@ class Registry:
         config = self.config.connections[read_on]
         table = str(RULES[config.type].address_key(config, address)[0])
         names = list(self.endpoints)
+        if table in self.endpoints:
+            return (
+                f"nearest: {table!r}, whose address on {read_on!r} is "
+                f"{self.address(table, read_on)!r}: another schema or database"
+            )
         same_but_case = [n for n in names if n.lower() == table.lower()]
         if same_but_case:
             return f"nearest: {same_but_case[0]!r}, which differs only in case"

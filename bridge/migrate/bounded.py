@@ -25,6 +25,7 @@ from bridge.config.models import Route
 from bridge.envelope import Envelope
 from bridge.errors import BridgeError, TransportUnavailable
 from bridge.protocols import Checkpoint, ReceivedBatch, Sink, Source
+from bridge.routing.rules import RouteRules
 from bridge.routing.runner import RouteRunner
 from bridge.telemetry.metrics import Metrics
 
@@ -106,8 +107,10 @@ async def run_until_exhausted(
     *,
     give_up_after: float = 60.0,
     fail_after: int | None = None,
+    rules: RouteRules | None = None,
 ) -> Moved:
-    """Move everything `source` holds to `sink` the way the route's service loop would."""
+    """Move everything `source` holds to `sink` the way the route's service loop would, with
+    the route's `rules` (for a route the registry derives: its address translation)."""
     bounded = _UntilEmpty(source)
     out: Sink = sink if fail_after is None else _FailAfter(sink, fail_after)
     runner = RouteRunner(
@@ -116,6 +119,7 @@ async def run_until_exhausted(
         poll_timeout=0.0,
         stop_on_fatal=True,
         metrics=Metrics().for_route(route.name),
+        rules=rules,
     )
     bounded.runner = runner
     running = asyncio.create_task(runner.run())

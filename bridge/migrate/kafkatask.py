@@ -19,9 +19,11 @@ within the task; the rows are written once.
 
 from __future__ import annotations
 
+from bridge.config.registry import Registry
 from bridge.errors import ConfigError, TransportError
 from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
+from bridge.routing.rules import RouteRules
 from bridge.transports import load
 from bridge.transports.kafka import Transport as KafkaTransport
 from bridge.transports.kafka import checkpoint_key, checkpoint_prefix
@@ -60,8 +62,11 @@ async def move_partition(
             error_queue=route.error_queue_name,
             offsets=(partition, start, end),
         )
+        rules = RouteRules(route, Registry(config))
         try:
-            return await run_until_exhausted(route, source, sink, fail_after=fail_after)
+            return await run_until_exhausted(
+                route, source, sink, fail_after=fail_after, rules=rules
+            )
         except CheckpointConflict:
             raise RangeTakenOver(
                 f"{topic}/{partition}: another attempt moved this range (offsets {start} to "

@@ -12,6 +12,14 @@ Who failed
     bridge, not the endpoint that owns the source queue: the failure is the bridge's, and
     ServiceControl would otherwise list a phantom instance of that endpoint on the bridge's host.
 
+An error copy that fails again
+    A message that already is an error-queue copy (it carries `NServiceBus.FailedQ`: one on its
+    way to ServiceControl through a proxy) keeps its own failure headers, so that its real
+    failed queue is not lost; the bridge's go beside them under `NServiceBus.MessagingBridge.`
+    (`...FailedQ`, `...ExceptionInfo.*`, `...TimeOfFailure`), as the Messaging Bridge writes
+    its own failures (RawEndpointErrorHandlingPolicy.cs:30-31 and BridgeHeaders.cs:1-13 of
+    Particular/NServiceBus.MessagingBridge@ef463cf).
+
 Poison messages (headers that cannot be read at all)
     Kafka and RabbitMQ error copies keep the original headers byte for byte and append the
     failure headers (`kafka/headers.py`, `rabbitmq/headers.py`). A SQL Headers column that is
@@ -41,6 +49,7 @@ from datetime import UTC, datetime
 from bridge.envelope import MESSAGE_ID, Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
 from bridge.nservicebus.host import host_id, host_name
+from bridge.nservicebus.lifetime import FAILED_Q
 from bridge.nservicebus.wireformat import format_timestamp
 
 __all__ = [
@@ -54,6 +63,9 @@ __all__ = [
 ]
 
 HOST_ID = "$.diagnostics.hostid"
+#: Where the bridge's own failure headers go on a message that already has failure headers.
+BRIDGE_PREFIX = "NServiceBus.MessagingBridge."
+_OWN = (FAILED_Q, "NServiceBus.ExceptionInfo.", "NServiceBus.TimeOfFailure")
 HOST_DISPLAY_NAME = "$.diagnostics.hostdisplayname"
 #: Where a route's poison messages go when it names no `error_queue`: on the source's connection.
 DEFAULT_ERROR_QUEUE = "bridge.error"
@@ -111,6 +123,12 @@ def error_copy(
         added = failure_headers(item.reason, failed_q, exception_type=item.exception_type)
     else:
         added = failure_headers(error, failed_q)
+        if FAILED_Q in item.headers:  # an error copy already: keep its own failure headers
+            added = [
+                (BRIDGE_PREFIX + n.removeprefix("NServiceBus."), v)
+                for n, v in added
+                if n.startswith(_OWN)
+            ]
     for name, value in added:
         headers.set(name, value)
     return Envelope(headers, item.body, native_id=item.native_id)

@@ -1,8 +1,8 @@
 """Header rules of a route, applied between source and sink.
 
 A route written in routes.yaml: its address map (NServiceBus.ReplyToAddress, NServiceBus.FailedQ
-and ServiceControl.Retry.AcknowledgementQueue), then rename, drop, set. An address missing from
-the map passes unchanged.
+and ServiceControl.Retry.AcknowledgementQueue; not on an audit copy, whose addresses are
+history), then rename, drop, set. An address missing from the map passes unchanged.
 
 A route the registry derives translates addresses as the Messaging Bridge does
 (MessageShovel.cs:24-75 of Particular/NServiceBus.MessagingBridge@ef463cf), through the
@@ -64,10 +64,11 @@ class RouteRules:
         headers = envelope.headers.copy()
         if self._registry is not None:
             self._translate(headers)
-        for name in ADDRESS_HEADERS:
-            value = headers.get(name)
-            if value is not None and value in self._address_map:
-                headers.set(name, self._address_map[value])
+        if PROCESSING_ENDED not in headers:  # an audit copy's addresses stay as they were
+            for name in ADDRESS_HEADERS:
+                value = headers.get(name)
+                if value is not None and value in self._address_map:
+                    headers.set(name, self._address_map[value])
         for old, new in self._rename.items():
             headers.rename(old, new)
         for name in self._drop:

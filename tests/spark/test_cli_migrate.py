@@ -19,6 +19,7 @@ from bridge.migrate.session import check_master
 from bridge.transports import load
 from tests.spark.conftest import Cli, write_routes
 from tests.spark.data import message, pg_rows
+from tests.support.queues import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -227,3 +228,63 @@ def test_the_runtime_never_imports_pyspark() -> None:
         if "pyspark" in path.read_text() and "migrate" not in path.parts
     ]
     assert offenders == []
+
+
+async def test_migrating_a_derived_route_translates_addresses_as_the_service_does(
+    spark: Any, cli: Cli, tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> None:
+    """A bulk move of a proxy's backlog is a route of the registry like any other: reply
+    addresses become the sender's address on the destination (its proxy there), the Transfer
+    header is added, and an address no endpoint has goes to the error queue."""
+    from bridge.envelope import Envelope, Headers
+
+    path = tmp_path / "routes.yaml"
+    path.write_text(
+        f"""\
+connections:
+  shop: {{type: postgresql, dsn: "{pg_dsn}", schema: "{pg_schema}"}}
+  local: {{type: sqlite, path: "{tmp_path / "local.db"}"}}
+endpoints:
+  Sales: {{connection: shop}}
+  Billing: {{connection: local}}
+proxies: {{create: true}}
+"""
+    )
+    config = load_config(path).config
+    shop = load("shop", config.connections["shop"])
+    local = load("local", config.connections["local"])
+    await shop.install(["Sales", "Billing", "bridge.error"])
+    await local.install(["Billing"])
+    sales = f'"{pg_schema}"."Sales"'
+    sink = shop.sink("Billing")
+    await sink.send(
+        [
+            Envelope(
+                Headers(
+                    [("NServiceBus.MessageId", f"m{n}"), ("NServiceBus.ReplyToAddress", sales)]
+                ),
+                b"{}",
+            )
+            for n in range(20)
+        ]
+        + [
+            Envelope(
+                Headers(
+                    [("NServiceBus.MessageId", "bad"), ("NServiceBus.ReplyToAddress", "sales")]
+                ),
+                b"{}",
+            )
+        ]
+    )
+    await sink.close()
+    code, _, err = cli("migrate", "--route", "proxy.shop.Billing", "-c", str(path))
+    assert code == 0, err
+    moved = await drain(local, "Billing")
+    assert sorted(e.message_id or "" for e in moved) == sorted(f"m{n}" for n in range(20))
+    assert {e.headers.get("NServiceBus.ReplyToAddress") for e in moved} == {'"main"."Sales"'}
+    assert {e.headers.get("NServiceBus.Bridge.Transfer") for e in moved} == {"shop->local"}
+    [failed] = await drain(shop, "bridge.error")
+    assert failed.message_id == "bad"
+    assert "nearest: 'Sales'" in (failed.headers.get("NServiceBus.ExceptionInfo.Message") or "")
+    await shop.close()
+    await local.close()

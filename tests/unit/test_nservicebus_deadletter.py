@@ -84,3 +84,28 @@ def test_error_copies_carry_the_host_too() -> None:
     assert copy.headers.get("$.diagnostics.hostid") == host_id()
     assert copy.headers.get("$.diagnostics.hostdisplayname") == socket.gethostname()
     assert copy.headers.get("NServiceBus.MessageId") == "m-1"
+
+
+def test_an_error_copy_that_fails_again_keeps_its_own_failure_headers() -> None:
+    """The Messaging Bridge writes its own failures under NServiceBus.MessagingBridge.*
+    (RawEndpointErrorHandlingPolicy.cs:30-31, BridgeHeaders.cs:1-13 of
+    Particular/NServiceBus.MessagingBridge@ef463cf); an error copy on its way to ServiceControl
+    that the bridge cannot forward keeps the failed queue and exception it was sent with."""
+    from bridge.envelope import Envelope, Headers
+    from bridge.nservicebus.deadletter import error_copy
+
+    original = [
+        ("NServiceBus.MessageId", "m1"),
+        ("NServiceBus.FailedQ", "Billing"),
+        ("NServiceBus.ExceptionInfo.Message", "the endpoint's own failure"),
+        ("NServiceBus.TimeOfFailure", "2026-01-01 00:00:00:000000 Z"),
+    ]
+    copy = error_copy(Envelope(Headers(original), b"{}"), ValueError("cannot translate"), "error")
+    headers = copy.headers.to_dict()
+    assert {k: headers[k] for k, _ in original} == dict(original)
+    assert headers["NServiceBus.MessagingBridge.FailedQ"] == "error"
+    assert headers["NServiceBus.MessagingBridge.ExceptionInfo.Message"] == "cannot translate"
+    assert "NServiceBus.MessagingBridge.TimeOfFailure" in headers
+    plain = error_copy(Envelope(Headers(original[:1]), b"{}"), ValueError("x"), "Sales")
+    assert plain.headers.get("NServiceBus.FailedQ") == "Sales"
+    assert not any(k.startswith("NServiceBus.MessagingBridge.") for k, _ in plain.headers)

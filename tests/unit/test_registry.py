@@ -353,3 +353,75 @@ def test_routes_shows_which_endpoint_a_derived_route_serves() -> None:
     assert report["manual"]["endpoint"] is None
     assert report["proxy.pg.Sales"]["endpoint"] == "Sales"
     assert report["proxy.pg.Sales"]["from"] == {"connection": "pg", "address": "Sales"}
+
+
+def test_a_written_route_leaves_an_audit_copys_addresses_alone() -> None:
+    config = config_of(
+        REGISTRY
+        + """\
+routes:
+  - name: manual
+    from: {connection: pg, queue: Inbox}
+    to: {connection: rabbit, queue: Inbox}
+    address_map: {'"shop"."Sales"': Sales-mapped}
+"""
+    )
+    rules = RouteRules(config.route("manual"), Registry(config))
+    audit = forward(
+        rules,
+        ("NServiceBus.ProcessingEnded", "2026-01-01 00:00:00:000000 Z"),
+        ("NServiceBus.ReplyToAddress", '"shop"."Sales"'),
+    )
+    assert audit["NServiceBus.ReplyToAddress"] == '"shop"."Sales"'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (  # A's own queue is the table B, which is B's proxy on pg
+            CONNECTIONS
+            + "endpoints:\n  A: {connection: pg, queue: B}\n  B: {connection: rabbit}\n",
+            "routes.yaml:8:3: endpoint 'B': 'B' on 'pg' would be both 'A''s own queue and the "
+            "proxy of 'B'",
+        ),
+        (
+            CONNECTIONS.replace(", catalog: nsb", "")
+            + "endpoints:\n  Sales: {connection: legacy}\n",
+            "routes.yaml:2:3: connections.legacy: the endpoint registry needs `catalog`",
+        ),
+        (
+            CONNECTIONS.replace("  kafka:", "  a.b:", 1).replace("  pg: ", "  a: ", 1)
+            + "endpoints:\n  c: {connection: legacy}\n  b.c: {connection: legacy}\n",
+            "routes.yaml:8:3: endpoint 'b.c': its route from 'a' would be named 'proxy.a.b.c'",
+        ),
+        (
+            CONNECTIONS
+            + "endpoints:\n  Sales: {connection: legacy}\nproxies: {error_queue: 'bad name!'}\n",
+            "routes.yaml:8:24: proxies.error_queue on 'kafka': Kafka topic name 'bad name!'",
+        ),
+    ],
+)
+def test_more_registry_rules(text: str, expected: str) -> None:
+    message = error_of(text)
+    assert message.startswith(expected), message
+
+
+def test_registry_warnings() -> None:
+    only_two = CONNECTIONS + (
+        "endpoints:\n  Sales: {connection: legacy}\n  Billing: {connection: kafka}\n"
+    )
+    warnings = parse_config(only_two).warnings
+    assert any("connection 'pg' hosts no endpoint" in w for w in warnings), warnings
+    listed = only_two + "proxies: {connections: [legacy, rabbit]}\n"
+    warnings = parse_config(listed).warnings
+    assert any("connection 'kafka' hosts endpoints but no proxies" in w for w in warnings)
+    registry = Registry(config_of(listed))
+    with pytest.raises(UnknownAddress, match="has no proxy on 'kafka'"):
+        registry.translate("Sales", "rabbit", "kafka", "NServiceBus.ReplyToAddress")
+
+
+def test_sql_server_schemas_and_catalogs_compare_without_case() -> None:
+    registry = Registry(config_of(REGISTRY))
+    assert registry.translate("Sales@[DBO]@[NSB]", "legacy", "rabbit", "h") == "Sales"
+    with pytest.raises(UnknownAddress, match=r"nearest: 'Sales', whose address on 'legacy'"):
+        registry.translate("Sales@[dbo]@[other]", "legacy", "rabbit", "h")

@@ -14,7 +14,10 @@ table in the form of the transport that wrote it:
 - SQLite (this project's): the PostgreSQL form with SQLite's schema, `"main"."table"`.
 
 `address_key` reduces an address to what identifies the table, so that the registry can tell
-which endpoint a header names whatever form it was written in.
+which endpoint a header names whatever form it was written in. SQL Server's schema and catalog
+compare without case, as its default collations compare names; table names compare exactly,
+as the Messaging Bridge compares addresses (names differing in case are refused by `bridge
+check`, and a header that differs only in case is reported with the endpoint it resembles).
 """
 
 from __future__ import annotations
@@ -93,9 +96,10 @@ def canonical_address(connection: SqlConnection, table: str) -> str:
 
 def address_key(connection: SqlConnection, address: str) -> AddressKey:
     """What identifies the table `address` names on `connection`, parts left out filled in."""
-    if connection.type == "sqlserver":
+    if connection.type == "sqlserver":  # schemas and catalogs compare as SQL Server does
         table, schema, catalog = parse_sqlserver(address)
-        return table, schema or connection.schema_, catalog or connection.catalog
+        schema, catalog = schema or connection.schema_, catalog or connection.catalog
+        return table, schema.casefold(), None if catalog is None else catalog.casefold()
     table, schema = parse_postgresql(address)
     default = connection.schema_ if connection.type == "postgresql" else "main"
     return table, schema or default, None
