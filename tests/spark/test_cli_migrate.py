@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -230,7 +231,7 @@ def test_the_runtime_never_imports_pyspark() -> None:
     assert offenders == []
 
 
-async def test_migrating_a_derived_route_translates_addresses_as_the_service_does(
+def test_migrating_a_derived_route_translates_addresses_as_the_service_does(
     spark: Any, cli: Cli, tmp_path: Path, pg_dsn: str, pg_schema: str
 ) -> None:
     """A bulk move of a proxy's backlog is a route of the registry like any other: reply
@@ -251,40 +252,53 @@ proxies: {{create: true}}
 """
     )
     config = load_config(path).config
-    shop = load("shop", config.connections["shop"])
-    local = load("local", config.connections["local"])
-    await shop.install(["Sales", "Billing", "bridge.error"])
-    await local.install(["Billing"])
-    sales = f'"{pg_schema}"."Sales"'
-    sink = shop.sink("Billing")
-    await sink.send(
-        [
-            Envelope(
-                Headers(
-                    [("NServiceBus.MessageId", f"m{n}"), ("NServiceBus.ReplyToAddress", sales)]
-                ),
-                b"{}",
-            )
-            for n in range(20)
-        ]
-        + [
-            Envelope(
-                Headers(
-                    [("NServiceBus.MessageId", "bad"), ("NServiceBus.ReplyToAddress", "sales")]
-                ),
-                b"{}",
-            )
-        ]
-    )
-    await sink.close()
+
+    async def fill() -> None:
+        shop = load("shop", config.connections["shop"])
+        local = load("local", config.connections["local"])
+        await shop.install(["Sales", "Billing", "bridge.error"])
+        await local.install(["Billing"])
+        sales = f'"{pg_schema}"."Sales"'
+        sink = shop.sink("Billing")
+        await sink.send(
+            [
+                Envelope(
+                    Headers(
+                        [("NServiceBus.MessageId", f"m{n}"), ("NServiceBus.ReplyToAddress", sales)]
+                    ),
+                    b"{}",
+                )
+                for n in range(20)
+            ]
+            + [
+                Envelope(
+                    Headers(
+                        [("NServiceBus.MessageId", "bad"), ("NServiceBus.ReplyToAddress", "sales")]
+                    ),
+                    b"{}",
+                )
+            ]
+        )
+        await sink.close()
+
+        await shop.close()
+        await local.close()
+
+    asyncio.run(fill())
     code, _, err = cli("migrate", "--route", "proxy.shop.Billing", "-c", str(path))
     assert code == 0, err
-    moved = await drain(local, "Billing")
-    assert sorted(e.message_id or "" for e in moved) == sorted(f"m{n}" for n in range(20))
-    assert {e.headers.get("NServiceBus.ReplyToAddress") for e in moved} == {'"main"."Sales"'}
-    assert {e.headers.get("NServiceBus.Bridge.Transfer") for e in moved} == {"shop->local"}
-    [failed] = await drain(shop, "bridge.error")
-    assert failed.message_id == "bad"
-    assert "nearest: 'Sales'" in (failed.headers.get("NServiceBus.ExceptionInfo.Message") or "")
-    await shop.close()
-    await local.close()
+
+    async def look() -> None:
+        shop = load("shop", config.connections["shop"])
+        local = load("local", config.connections["local"])
+        moved = await drain(local, "Billing")
+        assert sorted(e.message_id or "" for e in moved) == sorted(f"m{n}" for n in range(20))
+        assert {e.headers.get("NServiceBus.ReplyToAddress") for e in moved} == {'"main"."Sales"'}
+        assert {e.headers.get("NServiceBus.Bridge.Transfer") for e in moved} == {"shop->local"}
+        [failed] = await drain(shop, "bridge.error")
+        assert failed.message_id == "bad"
+        assert "nearest: 'Sales'" in (failed.headers.get("NServiceBus.ExceptionInfo.Message") or "")
+        await shop.close()
+        await local.close()
+
+    asyncio.run(look())
