@@ -177,13 +177,7 @@ async def migrate(
             log.info("route %s: nothing to move", route.name)
             return summary
         began = time.monotonic()
-        where = master or "the master spark-submit gives"
-        line.show(
-            lambda: (
-                f"route {route.name}: starting Spark on {where}, "
-                f"{duration(time.monotonic() - began)}"
-            )
-        )
+        line.starting(f"route {route.name}", master, began)
         with spark_session(f"bridge migrate {route.name}", master) as spark:
             sc = spark.sparkContext
             items = plan.items(partitions or 4 * sc.defaultParallelism)

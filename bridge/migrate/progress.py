@@ -94,6 +94,13 @@ class StatusLine:
         self._thread = threading.Thread(target=self._run, name="bridge-status", daemon=True)
         self._thread.start()
 
+    def starting(self, what: str, master: str | None, began: float) -> None:
+        """`<what>: starting Spark on <master>, 5s` until the job shows its own progress."""
+        where = master or "the master spark-submit gives"
+        self.show(
+            lambda: f"{what}: starting Spark on {where}, {duration(time.monotonic() - began)}"
+        )
+
     def close(self) -> None:
         """Stop drawing and erase the line; the stream is the command's again."""
         if self._thread is not None:

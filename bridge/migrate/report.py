@@ -225,13 +225,7 @@ async def build_report(
     if all(extent is None for extent in bounds.values()):
         return report
     with status if status is not None else StatusLine() as line:
-        where = master or "the master spark-submit gives"
-        line.show(
-            lambda: (
-                f"report {connection}: starting Spark on {where}, "
-                f"{duration(time.monotonic() - began)}"
-            )
-        )
+        line.starting(f"report {connection}", master, began)
         with spark_session(f"bridge report {connection}", master) as spark:
             sc = spark.sparkContext
             parts = partitions or 4 * sc.defaultParallelism

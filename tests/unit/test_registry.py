@@ -204,7 +204,9 @@ def test_a_retry_has_its_acknowledgement_queue_translated() -> None:
     assert TRANSFER not in out
 
 
-def test_written_routes_keep_their_address_map_only() -> None:
+def manual_route_rules() -> RouteRules:
+    """The rules of a written PostgreSQL -> RabbitMQ route with an address map, beside the
+    registry."""
     config = config_of(
         REGISTRY
         + """\
@@ -215,7 +217,11 @@ routes:
     address_map: {'"shop"."Sales"': Sales-mapped}
 """
     )
-    rules = RouteRules(config.route("manual"), Registry(config))
+    return RouteRules(config.route("manual"), Registry(config))
+
+
+def test_written_routes_keep_their_address_map_only() -> None:
+    rules = manual_route_rules()
     out = forward(rules, ("NServiceBus.ReplyToAddress", '"shop"."Sales"'))
     assert out["NServiceBus.ReplyToAddress"] == "Sales-mapped"
     assert TRANSFER not in out
@@ -356,17 +362,7 @@ def test_routes_shows_which_endpoint_a_derived_route_serves() -> None:
 
 
 def test_a_written_route_leaves_an_audit_copys_addresses_alone() -> None:
-    config = config_of(
-        REGISTRY
-        + """\
-routes:
-  - name: manual
-    from: {connection: pg, queue: Inbox}
-    to: {connection: rabbit, queue: Inbox}
-    address_map: {'"shop"."Sales"': Sales-mapped}
-"""
-    )
-    rules = RouteRules(config.route("manual"), Registry(config))
+    rules = manual_route_rules()
     audit = forward(
         rules,
         ("NServiceBus.ProcessingEnded", "2026-01-01 00:00:00:000000 Z"),
