@@ -556,9 +556,16 @@ class HealthServer:
                 self._reply(*reply)
 
             def send_error(self, code: int, message: str | None = None, *_: Any) -> None:
-                """Refuse a request with a JSON `error`, as every other reply is JSON."""
+                """Refuse a request with a JSON `error`, as every other reply is JSON, after a
+                status line even when the request line was too broken to tell its version (the
+                standard library would answer those as HTTP/0.9: a bare body). A request line of
+                HTTP/2 or later is 400, not 505: no input is answered with a 5xx."""
                 self.close_connection = True
                 self._unread = True
+                if self.request_version == "HTTP/0.9":
+                    self.request_version = "HTTP/1.0"
+                if code == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED:
+                    code = HTTPStatus.BAD_REQUEST
                 self._reply(*_json(code, {"error": message or HTTPStatus(code).phrase}))
 
             def finish(self) -> None:

@@ -240,6 +240,7 @@ def _status(reply: bytes) -> int:
         (b"POST /healthz HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
         (b"POST /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 405),
         (b"GET /healthz HTTP/1.0\r\n\r\n", 200),
+        (b"GET /healthz HTTP/2.0\r\n\r\n", 400),  # a version it does not speak: not a 505
         (b"GET /" + b"x" * (MAX_REQUEST_LINE + 100) + b" HTTP/1.1\r\n\r\n", 414),
         (b"GET /healthz HTTP/1.1\r\nX: " + b"x" * MAX_HEAD + b"\r\n\r\n", 431),
         (b"GET /healthz HTTP/1.1\r\n" + b"X-Many: yes\r\n" * 3000 + b"\r\n", 431),
