@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import subprocess
 import sys
@@ -41,7 +42,7 @@ import schemathesis
 from hypothesis import settings
 from schemathesis.checks import not_a_server_error
 
-from bridge.service.http import MAX_CONNECTIONS, MAX_HEAD, MAX_REQUEST_LINE
+from bridge.service.http import HEAD_SECONDS, MAX_CONNECTIONS, MAX_HEAD, MAX_REQUEST_LINE
 from tests.support.localkafka import free_port
 
 pytestmark = pytest.mark.integration
@@ -258,9 +259,11 @@ def test_malformed_and_oversized_requests_are_refused_not_failed(
 
 
 def test_a_connection_that_sends_nothing_costs_nothing(app: App) -> None:
-    for _ in range(20):
+    for _ in range(20):  # a load balancer's TCP checks
         socket.create_connection(("127.0.0.1", app.port), timeout=5).close()
-    assert _raw(app, b"") == b""  # sends nothing, half-closes: closed unanswered
+    with socket.create_connection(("127.0.0.1", app.port), timeout=5) as client:
+        client.shutdown(socket.SHUT_WR)  # sends nothing and says so: closed unanswered
+        assert client.recv(1024) == b""
     assert _get(f"{app.base_url}/healthz")[0] == 200
 
 
@@ -320,6 +323,33 @@ class _Slowloris:
         self._thread.join(timeout=10)
         for sock, _ in self.socks:
             sock.close()
+
+
+def test_a_client_that_trickles_its_headers_is_cut_off_at_the_deadline(app: App) -> None:
+    """Each byte comes well within any per-read timeout; the request as a whole does not."""
+    clients = [socket.create_connection(("127.0.0.1", app.port), timeout=5) for _ in range(5)]
+    started = time.monotonic()
+    closed_after: list[float] = []
+    request = _Slowloris.HEAD
+    for sent in range(100):
+        for client in [c for c in clients if c.fileno() != -1]:
+            readable, _, _ = select.select([client], [], [], 0)
+            if readable or not _send(client, request[sent : sent + 1]):
+                closed_after.append(time.monotonic() - started)
+                client.close()
+        if len(closed_after) == len(clients):
+            break
+        time.sleep(0.3)
+    assert len(closed_after) == len(clients)
+    assert min(closed_after) > HEAD_SECONDS - 0.5 and max(closed_after) < HEAD_SECONDS + 2
+
+
+def _send(client: socket.socket, data: bytes) -> bool:
+    try:
+        client.send(data)
+        return True
+    except OSError:
+        return False
 
 
 def test_slow_clients_do_not_starve_the_probes(app: App) -> None:
