@@ -161,6 +161,9 @@ class FaultProxy:
                 asyncio.create_task(self._pump(up_reader, writer, "down")),
             ]
             await asyncio.gather(*pipe.tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            # Closing the proxy: end quietly (asyncio's streams log a cancelled handler).
+            _abort(writer)
         finally:
             self._pipes.discard(pipe)
             for w in pipe.writers():
@@ -220,7 +223,10 @@ class FaultProxy:
         if self._server is not None:
             self._server.close()
         await self._reset()
-        await asyncio.sleep(0)
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
