@@ -24,6 +24,7 @@ __all__ = [
     "ADDRESS_KEY",
     "DEFAULT_POOL_SIZE",
     "DEFAULT_POOL_TIMEOUT",
+    "DEFAULT_RESPONSE_TIMEOUT",
     "KINDS",
     "MAX_TABLE_NAME_BYTES",
     "SOURCE_GROUP",
@@ -52,6 +53,10 @@ SQLSERVER_MAX_NAME = 128  # sysname
 DEFAULT_POOL_SIZE = 10
 #: Seconds a route waits for a free pooled connection before it backs off (and retries).
 DEFAULT_POOL_TIMEOUT = 10.0
+#: Seconds a route's call waits for PostgreSQL's answer before the connection is dropped as
+#: dead: well above any receive, send or commit the bridge makes (milliseconds to a second or
+#: two under load), well below the hours a silent network holds a blocked read otherwise.
+DEFAULT_RESPONSE_TIMEOUT = 60.0
 
 
 class _Sql(Strict):
@@ -86,6 +91,13 @@ class PostgresConnection(_Pooled):
     dsn: str = Field(description="libpq connection string or URL; keep secrets in ${VAR}.")
     schema_: str = Field(
         "public", alias="schema", min_length=1, description="Schema of the queue tables."
+    )
+    response_timeout: float = Field(
+        DEFAULT_RESPONSE_TIMEOUT,
+        gt=0,
+        description="Seconds one receive, send or commit of a route waits for the server's "
+        "answer before the connection is dropped as dead and the route backs off: a network "
+        "that stalls without closing the connection is noticed.",
     )
 
 

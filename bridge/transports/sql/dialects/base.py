@@ -125,6 +125,14 @@ class Dialect(ABC):
         """False once the connection is known to be broken (it is then reopened)."""
         return True
 
+    #: Seconds a route's call may wait for the server before `interrupt` ends it; None: no
+    #: deadline (the database has no network between it and the bridge, or no setting for it).
+    response_timeout: float | None = None
+
+    def interrupt(self, db: DbConnection) -> None:  # noqa: B027 - only where `response_timeout`
+        """From another thread, make the call blocked on `db` fail at once (a connection
+        error), and `db` broken: its server has not answered within `response_timeout`."""
+
     def before_check(self) -> None:  # noqa: B027 - only a database a connect can create
         """Raise what `check` should report without connecting: a connect that would create
         the database (SQLite's file) must not happen as a side effect of looking at it."""

@@ -16,6 +16,15 @@ Connection
     `connect_timeout` gets 10 seconds, one without `application_name` gets
     `bridge <connection name>`. Canonical address: `"public"."Sales"` (§6).
 
+Silent networks
+    libpq waits for an answer without a deadline, and a network that stalls without closing the
+    connection (a lost route, a middlebox that drops packets; no RST, no FIN) keeps a read
+    blocked for as long as the kernel's TCP retransmissions or keepalives take, which on Linux
+    is about 15 minutes, or forever where a proxy still acknowledges. So a route's call that
+    has not had its answer after `response_timeout` seconds (default 60) is interrupted: its
+    socket is shut down from the watchdog's thread (`Connection`), the blocked read ends with a
+    connection error, and the broken connection is discarded; the route backs off and retries.
+
 Limits
     Table names longer than 55 bytes are refused, as the real installer does (the `seq`
     sequence name must fit PostgreSQL's 63-byte identifiers). A time to live that would end
@@ -36,7 +45,10 @@ Errors
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -126,6 +138,7 @@ class PostgresDialect(Dialect):
     def __init__(self, connection_name: str, config: PostgresConnection) -> None:
         self.config = config
         self.schema = config.schema_
+        self.response_timeout = config.response_timeout
         super().__init__(connection_name, config.layout)
 
     def connect(self) -> DbConnection:
@@ -167,6 +180,15 @@ class PostgresDialect(Dialect):
 
     def alive(self, db: DbConnection) -> bool:
         return not (getattr(db, "closed", False) or getattr(db, "broken", False))
+
+    def interrupt(self, db: DbConnection) -> None:
+        # A shutdown through a duplicate of the socket ends the read psycopg waits in (it polls
+        # the socket: it becomes readable, at its end) without closing libpq's descriptor,
+        # which the blocked thread still uses.
+        with contextlib.suppress(Exception):  # closed meanwhile: nothing to interrupt
+            fd = cast("psycopg.Connection[Any]", db).pgconn.socket
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
 
     def table(self, name: str) -> str:
         problem = address_problem("postgresql", name)
