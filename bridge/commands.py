@@ -11,14 +11,13 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bridge.config.loader import LoadedConfig, load_config
-from bridge.config.models import BridgeConfig, DerivedRoute
-from bridge.config.registry import Registry
+from bridge.config.models import BridgeConfig, DerivedRoute, Route
 from bridge.envelope import MESSAGE_ID
 from bridge.errors import AccessRefused, BridgeError, TransportUnavailable, UsageError
 from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
@@ -56,20 +55,15 @@ def addresses(config: BridgeConfig, *, installing: bool = False) -> dict[str, li
     `installing`: what `bridge install` creates. The registry's endpoints own their queues; the
     proxies and their error queues are created only with `proxies: {create: true}`.
     """
-    needed: dict[str, list[str]] = {}
+    ends = []
     for route in config.all_routes:
-        ends = [
-            (route.from_.connection, route.from_.address),
-            (route.to.connection, route.to.address),
-            (route.from_.connection, route.error_queue_name),
-        ]
-        if installing and isinstance(route, DerivedRoute):
-            ends = [ends[0], ends[2]] if config.proxies.create else []
-        for connection, address in ends:
-            bucket = needed.setdefault(connection, [])
-            if address not in bucket:
-                bucket.append(address)
-    return needed
+        if _proxy_left_alone(config, route, installing):
+            continue
+        ends.append((route.from_.connection, route.from_.address))
+        if not (installing and isinstance(route, DerivedRoute)):  # an endpoint's own queue
+            ends.append((route.to.connection, route.to.address))
+        ends.append((route.from_.connection, route.error_queue_name))
+    return _by_connection(ends)
 
 
 def describe_counts(config: BridgeConfig) -> str:
@@ -88,14 +82,27 @@ def describe_counts(config: BridgeConfig) -> str:
 def sources(config: BridgeConfig, *, installing: bool = False) -> dict[str, list[str]]:
     """The addresses each connection's routes receive from (`installing`: of the routes whose
     sources `bridge install` makes: not proxies unless `proxies: {create: true}`)."""
-    found: dict[str, list[str]] = {}
-    for route in config.all_routes:
-        if installing and isinstance(route, DerivedRoute) and not config.proxies.create:
-            continue
-        bucket = found.setdefault(route.from_.connection, [])
-        if route.from_.address not in bucket:
-            bucket.append(route.from_.address)
-    return found
+    return _by_connection(
+        (route.from_.connection, route.from_.address)
+        for route in config.all_routes
+        if not _proxy_left_alone(config, route, installing)
+    )
+
+
+def _proxy_left_alone(config: BridgeConfig, route: Route, installing: bool) -> bool:
+    """Whether `bridge install` leaves `route` alone: a derived route's proxy and error queue
+    are made only with `proxies: {create: true}`."""
+    return installing and isinstance(route, DerivedRoute) and not config.proxies.create
+
+
+def _by_connection(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """(connection, address) pairs as each connection's addresses, each once, in order."""
+    out: dict[str, list[str]] = {}
+    for connection, address in pairs:
+        bucket = out.setdefault(connection, [])
+        if address not in bucket:
+            bucket.append(address)
+    return out
 
 
 def _known_connection(config: BridgeConfig, name: str) -> None:
@@ -127,7 +134,7 @@ async def check(config_path: str, *, connect: bool) -> int:
         return 0
     failures = 0
     proxies: dict[str, list[str]] = {}
-    for place in Registry(config).proxies():
+    for place in config.registry.proxies():
         proxies.setdefault(place.connection, []).append(place.queue)
     for name, needed in addresses(config).items():
         transport = _transport(config, name)
@@ -310,7 +317,7 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
 
 def describe_registry(config: BridgeConfig) -> dict[str, Any]:
     """`bridge endpoints --json`: each endpoint's address on every connection, and the routes."""
-    registry = Registry(config)
+    registry = config.registry
     routes = {(r.endpoint, r.from_.connection): r.name for r in config.derived_routes}
     listed: dict[str, dict[str, Any]] = {}
     for place in registry.places():

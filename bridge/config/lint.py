@@ -176,7 +176,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
         if endpoint.queue is not None:
             kind = config.connections[endpoint.connection].type
             _address_name(kind, endpoint.queue, f"endpoint {name!r}", at.at((*path, "queue")))
-    registry = Registry(config)
+    registry = config.registry
     connections = registry.connections()
     if len(connections) < 2:
         raise ConfigError(
@@ -297,7 +297,7 @@ def registry_warnings(config: BridgeConfig, at: Positions) -> list[str]:
     """A registry that works but where messages could not go where users expect."""
     if not config.endpoints:
         return []
-    registry = Registry(config)
+    registry = config.registry
     out = []
     homes = {e.connection for e in config.endpoints.values()}
     for connection in sorted(homes - set(registry.proxy_connections)):

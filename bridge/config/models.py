@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
@@ -23,6 +23,9 @@ from bridge.transports.sql.config import (
     SqliteConnection,
     SqlServerConnection,
 )
+
+if TYPE_CHECKING:
+    from bridge.config.registry import Registry
 
 __all__ = [
     "BridgeConfig",
@@ -185,11 +188,16 @@ class BridgeConfig(Strict):
     proxies: Proxies = Field(Proxies(), description="How proxies are made and read.")
 
     @cached_property
-    def derived_routes(self) -> list[DerivedRoute]:
-        """The routes the registry derives, in a stable order (endpoint, then connection)."""
+    def registry(self) -> Registry:
+        """The endpoint registry of this config, built once."""
         from bridge.config.registry import Registry
 
-        return Registry(self).routes()
+        return Registry(self)
+
+    @cached_property
+    def derived_routes(self) -> list[DerivedRoute]:
+        """The routes the registry derives, in a stable order (endpoint, then connection)."""
+        return self.registry.routes()
 
     @property
     def all_routes(self) -> list[Route]:

@@ -19,7 +19,6 @@ within the task; the rows are written once.
 
 from __future__ import annotations
 
-from bridge.config.registry import Registry
 from bridge.errors import ConfigError, TransportError
 from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
@@ -62,7 +61,7 @@ async def move_partition(
             error_queue=route.error_queue_name,
             offsets=(partition, start, end),
         )
-        rules = RouteRules(route, Registry(config))
+        rules = RouteRules(route, config.registry)
         try:
             return await run_until_exhausted(
                 route, source, sink, fail_after=fail_after, rules=rules

@@ -10,7 +10,6 @@ database, else the destination connection's own sink (SQL, Kafka, RabbitMQ). The
 
 from __future__ import annotations
 
-from bridge.config.registry import Registry
 from bridge.errors import ConfigError
 from bridge.migrate.bounded import Moved, run_task, run_until_exhausted
 from bridge.migrate.spec import JobSpec
@@ -47,7 +46,7 @@ async def move_range(spec: JobSpec, lo: int, hi: int, *, fail_after: int | None 
             sink_transport = load(sink_name, config.connections[sink_name])
             opened.append(sink_transport)
             sink = sink_transport.sink(route.to.address, key=route.key)
-        rules = RouteRules(route, Registry(config))
+        rules = RouteRules(route, config.registry)
         return await run_until_exhausted(route, source, sink, fail_after=fail_after, rules=rules)
     finally:
         for transport in opened:

@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 
 from bridge.config.models import BridgeConfig, Route
-from bridge.config.registry import Registry
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -58,7 +57,7 @@ class Supervisor:
     ) -> None:
         self.config = config
         self.routes = [r for r in config.all_routes if not routes or r.name in routes]
-        self.registry = Registry(config)
+        self.registry = config.registry
         self.until_idle = until_idle
         # A shorter wait finds idle sooner; 0 waits the full timeout (the module docstring).
         self.poll_timeout = min(poll_timeout, until_idle) if until_idle else poll_timeout
