@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from bridge.config.loader import parse_config
 from bridge.routing.runner import RouteRunner
-from bridge.service.http import Readiness, Routes, route_report
+from bridge.service.api import Readiness, Routes, route_report
 from bridge.service.workers import merge_routes
 
 CONFIG = """\

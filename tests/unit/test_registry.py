@@ -341,7 +341,7 @@ def test_bridge_endpoints_shows_every_address_and_route() -> None:
 
 def test_routes_shows_which_endpoint_a_derived_route_serves() -> None:
     from bridge.routing.runner import RouteRunner
-    from bridge.service.http import route_report
+    from bridge.service.api import route_report
 
     config = config_of(
         REGISTRY

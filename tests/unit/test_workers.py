@@ -46,7 +46,7 @@ def route(
     last_error: str | None = None,
     last_error_at: float | None = None,
 ) -> dict[str, Any]:
-    """One route of a worker's /routes, as `bridge.service.http.route_report` writes it."""
+    """One route of a worker's /routes, as `bridge.service.api.route_report` writes it."""
     return {
         "name": name,
         "from": {"connection": "a", "address": "In"},
