@@ -18,15 +18,12 @@ really drops what the bridge returns to it once the check is switched off.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,27 +39,11 @@ from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
 from bridge.transports.rabbitmq.delivery_limit import policy_name
 from tests.conftest import unique
+from tests.support.management import api
 
 pytestmark = pytest.mark.integration
 
 Make = Callable[..., Transport]
-MANAGEMENT = "http://127.0.0.1:15672/api/"
-
-
-def api(method: str, path: str, body: object = None) -> Any:
-    """The management API as an operator's script would call it (guest is an administrator)."""
-    request = urllib.request.Request(
-        MANAGEMENT + path,
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={
-            "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
-            "Content-Type": "application/json",
-        },
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        text = answer.read()
-    return json.loads(text) if text else None
 
 
 def closed_port() -> int:

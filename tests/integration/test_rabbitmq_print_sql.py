@@ -6,13 +6,10 @@ nothing and fails nothing."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import subprocess
 import sys
 import textwrap
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,9 +17,10 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.support.management import api
+
 pytestmark = pytest.mark.integration
 
-API = "http://127.0.0.1:15672/api"
 AUTH = {"RABBITMQ_USER": "guest", "RABBITMQ_PASSWORD": "guest"}
 
 
@@ -39,11 +37,7 @@ def bridge(*args: str) -> str:
 
 
 def get(path: str) -> Any:
-    request = urllib.request.Request(f"{API}/{path}")
-    token = base64.b64encode(b"guest:guest").decode()
-    request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.loads(answer.read())
+    return api("GET", path)
 
 
 def routes(
