@@ -203,7 +203,7 @@ def test_bridge_send_delay_arrives_on_rabbitmq_when_due(
     try:
         arrived = None
         while arrived is None and time.time() < started + 15:
-            method, properties, _ = channel.basic_get(queue, auto_ack=True)
+            method, _, _ = channel.basic_get(queue, auto_ack=True)
             if method is not None:
                 arrived = time.time()
             else:
