@@ -12,11 +12,20 @@ such a message reaches the bridge when due, and delaying it again would double t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from bridge.nservicebus.wireformat import parse_timespan
+from bridge.envelope import Envelope
+from bridge.errors import MessageRejected
+from bridge.nservicebus.wireformat import parse_timespan, timestamp_seconds
 
-__all__ = ["DELAY_WITH_TTL", "parse_delay", "parse_deliver_at"]
+__all__ = [
+    "DELAY_WITH_TTL",
+    "parse_delay",
+    "parse_deliver_at",
+    "parse_delivery_request",
+    "refuse_delays",
+]
 
 DELAY_WITH_TTL = (
     "a delayed message cannot have a time to be received: NServiceBus refuses postponed "
@@ -49,3 +58,25 @@ def parse_deliver_at(text: str) -> datetime:
             f"got {text!r}"
         )
     return moment
+
+
+def parse_delivery_request(text: str) -> float:
+    """A delivery time as a header carries it (epoch seconds): NServiceBus's timestamp format
+    (`2026-11-26 10:00:00:000000 Z`) or ISO 8601 with its UTC offset; ValueError otherwise."""
+    try:
+        return timestamp_seconds(text)
+    except ValueError:
+        return parse_deliver_at(text).timestamp()
+
+
+def refuse_delays(envelopes: Sequence[Envelope], now: float, where: str) -> None:
+    """For a destination that cannot delay: `MessageRejected` naming the first envelope whose
+    `deliver_at` is still to come (sending it now would deliver it early)."""
+    for index, envelope in enumerate(envelopes):
+        if envelope.deliver_at is not None and envelope.deliver_at > now:
+            raise MessageRejected(
+                f"{where}: message {index} asks to be delivered in "
+                f"{envelope.deliver_at - now:.0f} s, and this destination cannot delay a "
+                "message",
+                index=index,
+            )
