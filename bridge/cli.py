@@ -133,6 +133,19 @@ def _parser() -> argparse.ArgumentParser:
         help="time to be received, e.g. 00:00:30: from 00:00:00.001 to 24.20:31:23.647, in "
         "whole milliseconds (what every transport carries)",
     )
+    when = send.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay",
+        metavar="TIMESPAN",
+        help="deliver no earlier than this long from now, e.g. 00:00:05, by the destination's "
+        "own delayed delivery (RabbitMQ: NServiceBus's delay infrastructure)",
+    )
+    when.add_argument(
+        "--deliver-at",
+        metavar="TIME",
+        help="deliver no earlier than this ISO 8601 time with its UTC offset, e.g. "
+        "2026-11-26T10:00:00Z",
+    )
     send.add_argument(
         "--body",
         default="{}",
@@ -208,6 +221,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
                 body=args.body,
                 ttl=args.ttl,
                 count=args.count,
+                delay=args.delay,
+                deliver_at=args.deliver_at,
             )
         case "endpoints":
             return await commands.endpoints(config, as_json=args.json)

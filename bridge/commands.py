@@ -11,15 +11,19 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bridge.config.kinds import RULES
 from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig, DerivedRoute, Route
 from bridge.envelope import MESSAGE_ID
 from bridge.errors import AccessRefused, BridgeError, TransportUnavailable, UsageError
+from bridge.nservicebus.delays import DELAY_WITH_TTL, parse_delay, parse_deliver_at
 from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
 from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.service.capacity import connection_warnings
@@ -218,8 +222,11 @@ async def send(
     body: str,
     ttl: str | None,
     count: int,
+    delay: str | None = None,
+    deliver_at: str | None = None,
 ) -> int:
-    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`.
+    """Send `count` messages as an NServiceBus endpoint would to `connection`/`queue`, delayed
+    by `delay` or until `deliver_at` when one is given (`nservicebus/delays.py`).
 
     Ctrl-C (SIGINT) stops it after the chunk in hand is durably sent: it says how many were
     sent and returns 130; a second Ctrl-C stops it at once.
@@ -233,6 +240,7 @@ async def send(
             span = parse_ttl(ttl)
         except ValueError as exc:
             raise UsageError(f"--ttl {exc}") from None
+    due = _due(config, connection, delay, deliver_at, ttl=span is not None)
     extra = parse_headers(headers)
     if count > 1 and any(name == MESSAGE_ID for name, _ in extra):
         raise UsageError(
@@ -256,12 +264,13 @@ async def send(
         sink = transport.sink(queue)
         while sent < count and not interrupted.is_set():
             size = min(SEND_CHUNK, count - sent)
-            await sink.send(
-                [
-                    endpoint_message(content, extra, span, content_type=content_type)
-                    for _ in range(size)
-                ]
-            )
+            messages = [
+                endpoint_message(content, extra, span, content_type=content_type)
+                for _ in range(size)
+            ]
+            for message in messages:
+                message.deliver_at = due
+            await sink.send(messages)
             sent += size
         await sink.close()
     finally:
@@ -272,6 +281,48 @@ async def send(
         return 130
     print(f"sent {sent} message{'s' if sent != 1 else ''} to {connection}/{queue}")
     return 0
+
+
+def _due(
+    config: BridgeConfig,
+    connection: str,
+    delay: str | None,
+    deliver_at: str | None,
+    *,
+    ttl: bool,
+) -> float | None:
+    """When a delayed send is due (epoch seconds), None when it is not delayed; `UsageError`
+    for a delay the destination cannot carry out."""
+    if delay is None and deliver_at is None:
+        return None
+    if delay is not None and deliver_at is not None:
+        raise UsageError("give --delay or --deliver-at, not both")
+    flag = "--delay" if delay is not None else "--deliver-at"
+    try:
+        due = (
+            time.time() + parse_delay(delay).total_seconds()
+            if delay is not None
+            else parse_deliver_at(deliver_at or "").timestamp()
+        )
+    except ValueError as exc:
+        raise UsageError(f"{flag} {exc}") from None
+    if ttl:
+        raise UsageError(f"{flag} with --ttl: {DELAY_WITH_TTL}")
+    _known_connection(config, connection)
+    kind = config.connections[connection].type
+    longest = RULES[kind].MAX_DELAY_SECONDS
+    if longest is None:
+        raise UsageError(
+            f"{flag}: connection {connection!r} ({kind}) cannot hold a delayed message; "
+            "the bridge delays messages to RabbitMQ connections"
+        )
+    wait = due - time.time()
+    if wait > longest:
+        raise UsageError(
+            f"{flag}: a delay of {wait:.0f} s is longer than the {longest} s "
+            f"({timedelta(seconds=longest)}) a {kind} connection holds"
+        )
+    return due
 
 
 def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: bool) -> str:

@@ -114,13 +114,20 @@ class Headers:
 @dataclass(slots=True)
 class Envelope:
     """One message in transit. `native_id` is the source transport's own id, if any;
-    `time_to_live_ms` is set only on a message the bridge originates (module docstring)."""
+    `time_to_live_ms` is set only on a message the bridge originates (module docstring).
+
+    `deliver_at` (epoch seconds, UTC) is an explicit request to deliver no earlier than then,
+    which the destination carries out by its native means: it comes only from whoever asked
+    the bridge for a delay (`bridge send --delay`, a Kafka record's `NServiceBus.Bridge.DeliverAt`),
+    never from `NServiceBus.DeliverAt`, which NServiceBus writes after it has delayed a
+    message already and which crosses as information only."""
 
     headers: Headers
     body: bytes
     expires_at: float | None = None
     native_id: str | None = None
     time_to_live_ms: int | None = None
+    deliver_at: float | None = None
 
     @property
     def message_id(self) -> str | None:

@@ -3,7 +3,8 @@
 A module has `ADDRESS_KEY` (a route end names a `queue` or a `topic`), `SOURCE_GROUP` (a source
 reads in a consumer group), `lint(connection)` yielding (key, problem) pairs,
 `address_problem(kind, name)` saying why a name would be refused, and `canonical_address` /
-`address_key` for addresses as NServiceBus headers carry them.
+`address_key` for addresses as NServiceBus headers carry them, and `MAX_DELAY_SECONDS`, the
+longest delay a destination of the type holds (None: it cannot delay a message).
 """
 
 from __future__ import annotations

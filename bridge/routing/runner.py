@@ -119,7 +119,9 @@ class RouteRunner:
         self._empty_at: list[float | None] = [None] * route.concurrency  # each loop's last look
         self.stats = RouteStats()
         self.started_at = time.monotonic()
-        self.metrics = metrics or Metrics().for_route(route.name)
+        self.metrics = metrics or Metrics().for_route(
+            route.name, f"{route.to.connection}/{route.to.address}"
+        )
         self.tracing = tracing or RouteTracing(route)
         self.fatal: BaseException | None = None
 

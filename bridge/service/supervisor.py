@@ -104,7 +104,7 @@ class Supervisor:
             endpoints,
             poll_timeout=self.poll_timeout,
             stop_on_fatal=self.until_idle is not None,
-            metrics=self.metrics.for_route(route.name),
+            metrics=self.metrics.for_route(route.name, f"{route.to.connection}/{route.to.address}"),
             probe=self._probe(route),
             rules=RouteRules(route, self.registry),
         )

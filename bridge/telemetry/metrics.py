@@ -6,6 +6,8 @@ prometheus_client registry that `/metrics` renders. Instruments (all with a `rou
 - `bridge_messages_forwarded_total`, `..._expired_total`, `..._failed_total` (to an error queue),
   `..._retried_total` (messages of a batch that was aborted and goes back to be retried)
 - `bridge_batches_retried_total` (failed attempts: each one put a loop into backoff)
+- `bridge_messages_delayed_total` (forwarded with a delay still to come, which the destination
+  holds until due), with a `destination` attribute too: `<connection>/<address>`
 - `bridge_batch_size` and `bridge_batch_duration_seconds` histograms (buckets from 1 ms up to
   an hour: a drained backlog is minutes old)
 - `bridge_end_to_end_latency_seconds` from `NServiceBus.TimeSent` to the destination's accept,
@@ -66,6 +68,11 @@ class Metrics:
         self.retried_batches = meter.create_counter(
             "bridge_batches_retried", unit="1", description="Failed attempts that went into backoff"
         )
+        self.delayed = meter.create_counter(
+            "bridge_messages_delayed",
+            unit="1",
+            description="Messages forwarded with a delay the destination holds until due",
+        )
         self.batch_size = meter.create_histogram(
             "bridge_batch_size", unit="1", description="Messages per received batch"
         )
@@ -124,8 +131,9 @@ class Metrics:
     def set_depth(self, route: str, depth: int) -> None:
         self._depths[route] = depth
 
-    def for_route(self, route: str) -> RouteMetrics:
-        return RouteMetrics(self, route)
+    def for_route(self, route: str, destination: str = "") -> RouteMetrics:
+        """A route's instruments; `destination` (`<connection>/<address>`) labels its delays."""
+        return RouteMetrics(self, route, destination)
 
     def shutdown(self) -> None:
         self.provider.shutdown()
@@ -135,9 +143,10 @@ _PROCESS_METRICS: Metrics | None = None
 
 
 class RouteMetrics:
-    def __init__(self, metrics: Metrics, route: str) -> None:
+    def __init__(self, metrics: Metrics, route: str, destination: str = "") -> None:
         self._m = metrics
         self._attrs = {"route": route}
+        self._delay_attrs = {"route": route, "destination": destination}
         self._next_sample = 0  # index, in the next batch, of the next message to sample
         for counter in (
             metrics.forwarded,
@@ -148,6 +157,7 @@ class RouteMetrics:
             metrics.in_flight,
         ):
             counter.add(0, self._attrs)
+        metrics.delayed.add(0, self._delay_attrs)
 
     def received(self, count: int) -> None:
         self._m.in_flight.add(count, self._attrs)
@@ -166,6 +176,9 @@ class RouteMetrics:
             start, every = self._next_sample, LATENCY_SAMPLE_EVERY
             self._next_sample = (start - len(envelopes)) % every
             now = time.time()
+            delayed = sum(1 for e in envelopes if e.deliver_at is not None and e.deliver_at > now)
+            if delayed:
+                self._m.delayed.add(delayed, self._delay_attrs)
             for envelope in envelopes[start::every]:
                 sent = envelope.headers.get(TIME_SENT)
                 if sent:

@@ -147,3 +147,68 @@ def test_bridge_send_ttl_arrives_on_rabbitmq_as_given_up_to_the_most_sql_server_
         assert properties.expiration == "2147483647"
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--delay", "00:00:00"], "--delay takes a time span greater than zero"),
+        (["--delay", "5s"], "--delay takes a time span greater than zero"),
+        (["--deliver-at", "2026-11-26T10:00:00"], "--deliver-at takes an ISO 8601 time with"),
+        (["--delay", "00:00:05", "--ttl", "00:01:00"], "NServiceBus refuses postponed delivery"),
+        (["--delay", "00:00:05"], "connection 'local' (sqlite) cannot hold a delayed message"),
+    ],
+)
+def test_a_delay_the_destination_cannot_carry_out_is_refused(
+    routes: Path, args: list[str], said: str
+) -> None:
+    result = bridge("send", "local", "Sales", *args, "-c", str(routes))
+    assert result.returncode == 2, result.stderr
+    assert said in result.stderr
+    assert take(routes, "Sales") == []
+
+
+def test_a_delay_beyond_rabbitmqs_28_bits_of_seconds_is_refused(
+    tmp_path: Path, rabbitmq_url: str
+) -> None:
+    """DelayInfrastructure.cs:12-15 of NServiceBus.RabbitMQ: at most 2^28-1 s (8.5 years)."""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        f'connections:\n  rabbit: {{type: rabbitmq, url: "{rabbitmq_url}"}}\nroutes: []\n'
+    )
+    result = bridge("send", "rabbit", "Nowhere", "--delay", "3200.00:00:00", "-c", str(routes))
+    assert result.returncode == 2, result.stderr
+    assert "longer than the 268435455 s (3106 days, 21:24:15) a rabbitmq connection holds" in (
+        result.stderr
+    )
+
+
+def test_bridge_send_delay_arrives_on_rabbitmq_when_due(
+    tmp_path: Path, rabbitmq_url: str, rabbitmq_queues: Callable[[str], str]
+) -> None:
+    queue = rabbitmq_queues("delayed")
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        f'connections:\n  rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", topology: direct}}\n'
+        "routes: []\n"
+    )
+    declaring = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    declaring.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    declaring.close()
+    started = time.time()
+    sent = bridge("send", "rabbit", queue, "--delay", "00:00:02", "-c", str(routes))
+    assert sent.returncode == 0, sent.stderr
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel: Any = connection.channel()
+    try:
+        arrived = None
+        while arrived is None and time.time() < started + 15:
+            method, _, _ = channel.basic_get(queue, auto_ack=True)
+            if method is not None:
+                arrived = time.time()
+            else:
+                time.sleep(0.05)
+        assert arrived is not None, "never arrived"
+        assert arrived - started >= 2
+    finally:
+        connection.close()

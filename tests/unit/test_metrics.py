@@ -90,3 +90,16 @@ def test_the_sample_runs_on_across_batches_of_any_size() -> None:
         route.forwarded([sent_at(now) for _ in range(size)], 0, 0)
     sampled = len(range(0, sum(sizes), LATENCY_SAMPLE_EVERY))  # the 1st, the K+1-th, ...
     assert points(reader)["bridge_end_to_end_latency"].count == sampled
+
+
+def test_delayed_messages_are_counted_by_destination() -> None:
+    m, reader = metrics()
+    route = m.for_route("r", "rabbit/Billing")
+    assert points(reader)["bridge_messages_delayed"].value == 0
+    now = time.time()
+    later, due = sent_at(now), sent_at(now)
+    later.deliver_at, due.deliver_at = now + 60, now - 1
+    route.forwarded([later, due, sent_at(now)], 0, 0)
+    delayed = points(reader)["bridge_messages_delayed"]
+    assert delayed.value == 1
+    assert dict(delayed.attributes) == {"route": "r", "destination": "rabbit/Billing"}

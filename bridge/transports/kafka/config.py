@@ -22,6 +22,7 @@ from bridge.errors import ConfigError
 __all__ = [
     "ADDRESS_KEY",
     "KINDS",
+    "MAX_DELAY_SECONDS",
     "SOURCE_GROUP",
     "KafkaConnection",
     "address_key",
@@ -35,6 +36,8 @@ __all__ = [
 KINDS = ("kafka",)
 #: What a route end on this connection names, and whether a source reads in a consumer group.
 ADDRESS_KEY = "topic"
+#: Kafka has no delayed delivery: a delayed message cannot be sent to a topic.
+MAX_DELAY_SECONDS: int | None = None
 SOURCE_GROUP = True
 
 

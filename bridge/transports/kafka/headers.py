@@ -18,6 +18,13 @@ read: a record with only that header never expires. Error-queue and audit copies
 written for them (`bridge.nservicebus.lifetime`). A deadline header an envelope already
 carries is not written again: the header always says what `expires_at` says.
 
+Delays: Kafka holds no delayed message. A producer asks for one with the record header
+`NServiceBus.Bridge.DeliverAt` (`DELIVER_AT`): the time, ISO 8601 with a UTC offset or
+NServiceBus's timestamp format, before which the message must not reach its destination. On
+read it becomes the envelope's `deliver_at` and is removed; the destination delays the message
+by its own means, or refuses it (`bridge.nservicebus.delays`). One that does not parse makes
+the record poison: sent on at once, it could arrive early. It is never written.
+
 Read: headers come back in order with duplicates and nulls. A record without
 `NServiceBus.MessageId` gets a deterministic one, uuid5 of `RECORD_ID_NAMESPACE` and
 "topic/partition/offset", appended as that header, so a redelivered record keeps its id.
@@ -44,11 +51,13 @@ from typing import Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.nservicebus.delays import parse_delivery_request
 from bridge.nservicebus.lifetime import expires_at, never_expires
 from bridge.nservicebus.wireformat import format_timestamp, timestamp_seconds
 
 __all__ = [
     "DEFAULT_KEY",
+    "DELIVER_AT",
     "EXPIRES_AT",
     "RECORD_ID_NAMESPACE",
     "Record",
@@ -65,6 +74,9 @@ __all__ = [
 DEFAULT_KEY = f"header:{MESSAGE_ID}"
 #: The deadline header the bridge writes, as Kafka has no time to live of its own.
 EXPIRES_AT = "NServiceBus.Bridge.ExpiresAt"
+
+#: A producer's request that the message be delivered no earlier than this time.
+DELIVER_AT = "NServiceBus.Bridge.DeliverAt"
 
 #: Fixed forever: changing it changes the id of every record that arrived without one.
 RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")
@@ -164,6 +176,17 @@ def incoming(
         if not never_expires(last):
             deadline = _deadline(last[EXPIRES_AT])
         items = [(name, text) for name, text in items if name != EXPIRES_AT]
+    due: float | None = None
+    if DELIVER_AT in last:
+        text = last[DELIVER_AT]
+        try:
+            due = parse_delivery_request(text or "")
+        except ValueError:
+            raise HeadersFormatError(
+                f"header {DELIVER_AT} of record {where} is not a time: {text!r} (it takes "
+                "ISO 8601 with a UTC offset, or NServiceBus's yyyy-MM-dd HH:mm:ss:ffffff Z)"
+            ) from None
+        items = [(name, text) for name, text in items if name != DELIVER_AT]
     if MESSAGE_ID not in last:
         items.append((MESSAGE_ID, record_message_id(topic, partition, offset)))
     return Envelope(
@@ -171,6 +194,7 @@ def incoming(
         body=value or b"",
         expires_at=deadline,
         native_id=where,
+        deliver_at=due,
     )
 
 

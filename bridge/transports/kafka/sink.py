@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected
+from bridge.nservicebus.delays import refuse_delays
 from bridge.protocols import Checkpoint
 from bridge.transports.kafka.headers import Record, key_header, outgoing
 from bridge.transports.kafka.producer import ProducerFactory, produce
@@ -49,6 +50,7 @@ class KafkaSink:
         if not envelopes:
             return
         now = time.time()
+        refuse_delays(envelopes, now, f"kafka: topic {self.topic!r}")
         records: list[Record] = []
         for index, envelope in enumerate(envelopes):
             try:

@@ -23,6 +23,7 @@ from pika import spec
 from bridge.errors import TransportError
 from bridge.transports.rabbitmq.config import RabbitMQConnection, queue_arguments
 from bridge.transports.rabbitmq.connection import Link
+from bridge.transports.rabbitmq.delays import DELIVERY_EXCHANGE, Declaration, binding_key
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.handoff import Done, Op
 from bridge.transports.rabbitmq.management import curl, endpoint
@@ -35,10 +36,12 @@ __all__ = [
     "declare_adopting",
     "declare_exchange",
     "declare_queue",
+    "delay_binding",
     "look_at_head",
     "plan",
     "printed",
     "queue_type_of",
+    "run_declaration",
     "server_version",
 ]
 
@@ -90,6 +93,36 @@ def bind(queue: str, exchange: str) -> Op:
         channel.queue_bind(queue, exchange, routing_key="", callback=lambda _: done.ok())
 
     return op
+
+
+def run_declaration(declaration: Declaration) -> Op:
+    """One declaration of the delay infrastructure (`delays.py`) as an `Op`."""
+    d = declaration
+
+    def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
+        if d.kind == "exchange":
+            channel.exchange_declare(
+                d.name, exchange_type="topic", durable=True, callback=lambda _: done.ok()
+            )
+        elif d.kind == "queue":
+            channel.queue_declare(
+                d.name, durable=True, arguments=d.arguments, callback=lambda _: done.ok()
+            )
+        elif d.kind == "queue_bind":
+            channel.queue_bind(d.name, d.source, d.routing_key, callback=lambda _: done.ok())
+        else:
+            channel.exchange_bind(d.name, d.source, d.routing_key, callback=lambda _: done.ok())
+
+    return op
+
+
+def delay_binding(config: RabbitMQConnection, address: str) -> Declaration:
+    """How `address` receives from the delay infrastructure: its exchange (conventional) or
+    the queue itself (direct) bound to `nsb.v2.delay-delivery` with `#.<address>`."""
+    key = binding_key(address)
+    if config.topology == "conventional":
+        return Declaration("exchange_bind", address, source=DELIVERY_EXCHANGE, routing_key=key)
+    return Declaration("queue_bind", address, source=DELIVERY_EXCHANGE, routing_key=key)
 
 
 def server_version(channel: pika.channel.Channel, epoch: int, done: Done) -> None:

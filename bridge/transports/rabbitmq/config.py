@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from bridge.config.base import Problem, Strict
+from bridge.transports.rabbitmq.delays import MAX_DELAY_SECONDS
 from bridge.transports.rabbitmq.url import url_problems
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "DELIVERY_PAUSE",
     "GATHER_LIMIT",
     "KINDS",
+    "MAX_DELAY_SECONDS",
     "OPERATION_TIMEOUT",
     "SOURCE_GROUP",
     "RabbitMQConnection",

@@ -22,11 +22,14 @@ from bridge.errors import BridgeError, MessageRejected
 from bridge.transports.rabbitmq.errors import oversized_body, translate
 from bridge.transports.rabbitmq.handoff import Done
 
-__all__ = ["Confirms", "Message", "Publish", "PublishOutcome"]
+__all__ = ["Confirms", "Message", "Publish", "PublishOutcome", "Routes"]
 
 log = logging.getLogger("bridge.rabbitmq")
 
 Message = tuple[pika.BasicProperties, bytes]
+#: Where each message of a publish goes, by index, when not to the publish's exchange and
+#: routing key: (exchange, routing key), or None for the publish's own.
+Routes = Sequence[tuple[str, str] | None] | None
 
 
 @dataclass(slots=True)
@@ -96,9 +99,11 @@ class Confirms:
         exchange: str,
         routing_key: str,
         messages: Sequence[Message],
+        routes: Routes = None,
     ) -> bool:
-        """Publish every message with `mandatory=True`; `done` settles with the outcome once all
-        are confirmed. True when frames were handed to pika (nothing failed, something to send).
+        """Publish every message with `mandatory=True` to `exchange` with `routing_key`, or
+        where `routes` says for its index; `done` settles with the outcome once all are
+        confirmed. True when frames were handed to pika (nothing failed, something to send).
         """
         state = Publish(done, messages)
         if not messages:
@@ -106,8 +111,10 @@ class Confirms:
             return False
         self._publishes.append(state)
         for index, (properties, body) in enumerate(messages):
+            route = routes[index] if routes is not None else None
+            to, key = (exchange, routing_key) if route is None else route
             try:
-                channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+                channel.basic_publish(to, key, body, properties, mandatory=True)
             except Exception as exc:  # nothing of this message went out (pika marshals first)
                 self._publishes.remove(state)
                 done.fail(translate(exc, self.where, index=index))

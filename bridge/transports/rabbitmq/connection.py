@@ -45,7 +45,7 @@ from bridge.transports.rabbitmq.config import (
     describe,
     lint,
 )
-from bridge.transports.rabbitmq.confirms import Message, PublishOutcome
+from bridge.transports.rabbitmq.confirms import Message, PublishOutcome, Routes
 from bridge.transports.rabbitmq.handoff import Done, Op
 from bridge.transports.rabbitmq.session import Session
 
@@ -145,13 +145,14 @@ class Link:
         messages: Sequence[Message],
         *,
         timeout: float,
+        routes: Routes = None,
     ) -> PublishOutcome:
         if not self._confirm:
             raise TypeError("publish needs a link opened with confirm=True")
         session = await self._open()
 
         def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
-            session.publish(channel, done, exchange, routing_key, messages)
+            session.publish(channel, done, exchange, routing_key, messages, routes)
 
         outcome: PublishOutcome = await self._wait(
             session, session.submit(op), timeout, f"publish of {len(messages)} messages"

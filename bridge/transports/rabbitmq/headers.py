@@ -114,6 +114,8 @@ _STRIPPED = frozenset(
     {"x-delivery-count", PUBLISH_SEQUENCE_NUMBER, DELAY_IN_SECONDS, CONFIRMATION_ID}
 )
 _STRIPPED_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
+#: The delay header in a table: its name's length octet and name, type octet, Int32.
+_DELAY_FIELD = 1 + len("NServiceBus.Transport.RabbitMQ.DelayInSeconds") + 1 + 4
 #: Frame header and end (8), content header class, weight, body size and flags (14).
 _FRAME_OVERHEAD = 22
 #: An `expiration` this long (1000 years) means "never expires" (and overflows no date).
@@ -127,13 +129,15 @@ _LAYOUT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encod
 
 
 def outgoing(
-    envelope: Envelope, now: float, *, frame_max: int = FRAME_MAX
+    envelope: Envelope, now: float, *, frame_max: int = FRAME_MAX, delay: int = 0
 ) -> tuple[pika.BasicProperties, bytes]:
-    """Lay `envelope` out as an AMQP message sent at `now` (epoch seconds).
+    """Lay `envelope` out as an AMQP message sent at `now` (epoch seconds), delayed `delay`
+    seconds (`delays.py`) when that is more than 0.
 
     Raises `MessageRejected` (no index) for an envelope AMQP cannot carry: no message id, a
-    property or header name over 255 bytes, text that is not encodable as UTF-8, or properties
-    larger than one frame.
+    property or header name over 255 bytes, text that is not encodable as UTF-8, properties
+    larger than one frame, or a delay together with a time to be received (NServiceBus
+    refuses that: Sending/BasicPropertiesExtensions.cs:30-36 of NServiceBus.RabbitMQ).
     """
     headers = envelope.headers.to_dict()
     message_id = headers.get(MESSAGE_ID)
@@ -142,6 +146,11 @@ def outgoing(
     expiration: str | None = None
     lifetime = time_to_live_ms(envelope, now)
     if lifetime is not None:
+        if delay > 0:
+            raise MessageRejected(
+                "a delayed message cannot have a time to be received; NServiceBus refuses "
+                "postponed delivery of messages with TimeToBeReceived set"
+            )
         expiration = str(max(1, math.floor(lifetime)))
     persistent = headers.pop(NON_PERSISTENT, _MISSING) is _MISSING
     nulls = tuple(name for name, value in headers.items() if value is None)
@@ -160,6 +169,10 @@ def outgoing(
         message_id,
         None if enclosed is None else enclosed.split(",", 1)[0],
     )
+    if delay > 0:
+        # An Int32 as NServiceBus writes it; a new table, which pika encodes (amqp_table.py).
+        properties.headers = {**table, DELAY_IN_SECONDS: delay}
+        size += _DELAY_FIELD
     if size + _FRAME_OVERHEAD > frame_max:
         raise MessageRejected(
             f"properties and headers take {size} bytes; one AMQP frame holds {frame_max}"

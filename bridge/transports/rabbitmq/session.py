@@ -22,7 +22,7 @@ from pika.adapters.select_connection import SelectConnection
 
 from bridge.errors import BridgeError, TransportUnavailable
 from bridge.transports.rabbitmq.coalesce_writes import coalesce_writes
-from bridge.transports.rabbitmq.confirms import Confirms, Message
+from bridge.transports.rabbitmq.confirms import Confirms, Message, Routes
 from bridge.transports.rabbitmq.errors import translate
 from bridge.transports.rabbitmq.handoff import Calls, Done, Op
 
@@ -205,7 +205,8 @@ class Session:
         exchange: str,
         routing_key: str,
         messages: Sequence[Message],
+        routes: Routes = None,
     ) -> None:
         """On the ioloop thread: publish `messages` with confirms (see `confirms.py`)."""
-        if self.confirms.publish(channel, done, exchange, routing_key, messages):
+        if self.confirms.publish(channel, done, exchange, routing_key, messages, routes):
             coalesce_writes(self._connection)

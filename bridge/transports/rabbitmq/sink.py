@@ -20,6 +20,14 @@ Failures
     `TransportUnavailable`: the messages may or may not be in the queue, so a retry can
     duplicate them (at-least-once). An exchange that does not exist (404) is a `TransportError`.
 
+Delays
+    An envelope with a `deliver_at` still to come goes through RabbitMQ's v2 delay
+    infrastructure as NServiceBus sends it (`delays.py`): to the level exchange of its delay
+    with the delay's routing key, after the sink declared the infrastructure and bound the
+    destination to it (once per sink). A delay beyond 2^28-1 s, or one with a time to be
+    received, raises `MessageRejected` with its index. The confirm of a delayed message means
+    the broker holds it in a delay level.
+
 What is lossy
     See `headers.py`. The `checkpoint` argument is ignored: RabbitMQ cannot store it.
 """
@@ -33,6 +41,7 @@ from collections.abc import Sequence
 from bridge.envelope import Envelope
 from bridge.errors import MessageRejected, MessagesRejected, TransportUnavailable
 from bridge.protocols import Checkpoint
+from bridge.transports.rabbitmq.admin import delay_binding, run_declaration
 from bridge.transports.rabbitmq.config import (
     CONFIRM_TIMEOUT,
     RabbitMQConnection,
@@ -41,20 +50,43 @@ from bridge.transports.rabbitmq.config import (
 )
 from bridge.transports.rabbitmq.confirms import Message
 from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.delays import (
+    MAX_DELAY_SECONDS,
+    declarations,
+    delay_seconds,
+    level_name,
+    routing_key,
+)
 from bridge.transports.rabbitmq.headers import outgoing
 
 __all__ = ["RabbitMQSink", "encode_batch"]
 
 
-def encode_batch(envelopes: Sequence[Envelope], now: float, frame_max: int) -> list[Message]:
-    """Every envelope as an AMQP message; `MessageRejected` names the first that cannot be."""
+def encode_batch(
+    envelopes: Sequence[Envelope], now: float, frame_max: int, address: str = ""
+) -> tuple[list[Message], list[tuple[str, str] | None]]:
+    """Every envelope as an AMQP message, and where each delayed one goes (the level exchange
+    and routing key of `delays.py`; None: where the sink publishes); `MessageRejected` names
+    the first that cannot be."""
     messages: list[Message] = []
+    routes: list[tuple[str, str] | None] = []
     for index, envelope in enumerate(envelopes):
+        delay = 0 if envelope.deliver_at is None else delay_seconds(envelope.deliver_at, now)
         try:
-            messages.append(outgoing(envelope, now, frame_max=frame_max))
+            if delay > MAX_DELAY_SECONDS:
+                raise MessageRejected(
+                    f"a delay of {delay} s is longer than the {MAX_DELAY_SECONDS} s "
+                    "RabbitMQ's delay infrastructure holds"
+                )
+            messages.append(outgoing(envelope, now, frame_max=frame_max, delay=delay))
         except MessageRejected as exc:
             raise MessageRejected(f"message {index}: {exc}", index=index) from exc
-    return messages
+        if delay > 0:
+            level, key = routing_key(delay, address)
+            routes.append((level_name(level), key))
+        else:
+            routes.append(None)
+    return messages, routes
 
 
 class RabbitMQSink:
@@ -64,16 +96,25 @@ class RabbitMQSink:
         self._link = Link(parameters(config, name, "sink"), self._where, confirm=True)
         self._exchange, self._routing_key = publish_route(config, address)
         self._one_at_a_time = asyncio.Lock()
+        self._delay_binding = delay_binding(config, address)
+        self._delays_ready = False
 
     async def send(
         self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
     ) -> None:
-        messages = encode_batch(envelopes, time.time(), self._link.frame_max)
+        messages, routes = encode_batch(envelopes, time.time(), self._link.frame_max, self.address)
         if not messages:
             return
+        delayed = any(routes)
         async with self._one_at_a_time:
+            if delayed and not self._delays_ready:
+                await self._prepare_delays()
             outcome = await self._link.publish(
-                self._exchange, self._routing_key, messages, timeout=CONFIRM_TIMEOUT
+                self._exchange,
+                self._routing_key,
+                messages,
+                timeout=CONFIRM_TIMEOUT,
+                routes=routes if delayed else None,
             )
         if outcome.returned:
             target = (
@@ -92,6 +133,14 @@ class RabbitMQSink:
             raise TransportUnavailable(
                 f"{self._where}: the broker refused {outcome.nacked} of {len(messages)} messages"
             )
+
+    async def _prepare_delays(self) -> None:
+        """Before the first delayed message: declare the delay infrastructure and bind the
+        destination to it, as NServiceBus does before each delayed send (`delays.py`); all of
+        it idempotent, so endpoints and bridges declaring the same agree."""
+        for declaration in (*declarations(), self._delay_binding):
+            await self._link.run(run_declaration(declaration), what=declaration.text)
+        self._delays_ready = True
 
     async def close(self) -> None:
         await self._link.close()

@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_POOL_TIMEOUT",
     "DEFAULT_RESPONSE_TIMEOUT",
     "KINDS",
+    "MAX_DELAY_SECONDS",
     "MAX_TABLE_NAME_BYTES",
     "SOURCE_GROUP",
     "SQLSERVER_MAX_NAME",
@@ -42,6 +43,8 @@ __all__ = [
 KINDS = ("sqlite", "postgresql", "sqlserver")
 #: What a route end on this connection names, and whether a source reads in a consumer group.
 ADDRESS_KEY = "queue"
+#: Delays into SQL queue tables are not carried out yet: refused.
+MAX_DELAY_SECONDS: int | None = None
 SOURCE_GROUP = False
 #: The NServiceBus PostgreSQL installer's limit on a queue table name, in bytes.
 MAX_TABLE_NAME_BYTES = 55

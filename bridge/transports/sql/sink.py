@@ -36,6 +36,7 @@ from functools import partial
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError
+from bridge.nservicebus.delays import refuse_delays
 from bridge.protocols import Checkpoint, FencedCheckpoint
 from bridge.transports.sql.checkpoints import Checkpoints
 from bridge.transports.sql.connection import Connection
@@ -82,6 +83,7 @@ class SqlSink:
     ) -> None:
         if not envelopes and not checkpoint:
             return
+        refuse_delays(envelopes, time.time(), f"queue table {self._address!r}")
         positions = list((checkpoint or {}).items())
         expected = checkpoint.expected if isinstance(checkpoint, FencedCheckpoint) else None
         try:

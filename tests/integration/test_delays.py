@@ -1,0 +1,126 @@
+"""Delays asked for on Kafka (the record header `NServiceBus.Bridge.DeliverAt`) through a real
+`bridge run`: to RabbitMQ the message waits in NServiceBus's delay infrastructure and arrives
+when due, never early; to a destination that cannot delay it goes to the route's error queue
+with the reason, and the records around it flow on."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pika
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from bridge.config.loader import load_config
+from bridge.transports import load
+from tests.conftest import unique
+from tests.support.queues import drain
+
+pytestmark = pytest.mark.integration
+
+DELAY = 8.0
+
+
+def bridge(config: Path, *args: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def arrivals(url: str, queue: str, until: float) -> dict[str, float]:
+    """When each message reached `queue`, polled until three did or `until`; the queue is
+    deleted afterwards. None carries the Kafka request header."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    arrived: dict[str, float] = {}
+    try:
+        while len(arrived) < 3 and time.time() < until:
+            method, properties, _ = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                time.sleep(0.05)
+                continue
+            assert "NServiceBus.Bridge.DeliverAt" not in (properties.headers or {})
+            arrived[properties.message_id] = time.time()
+        channel.queue_delete(queue)
+    finally:
+        connection.close()
+    return arrived
+
+
+async def test_a_delay_asked_for_on_kafka_is_carried_out_or_refused_by_the_destination(
+    tmp_path: Path, kafka_bootstrap: str, rabbitmq_url: str
+) -> None:
+    topic, queue, errors = unique("delays"), unique("Delayed"), unique("errors")
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}", idempotence: false,
+                       partitions: 1, session_timeout_ms: 3000}}
+              rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", topology: direct}}
+              lite: {{type: sqlite, path: "{tmp_path / "q.db"}"}}
+            routes:
+              - name: to-rabbit
+                from: {{connection: kafka, topic: "{topic}", group: "{unique("g")}"}}
+                to: {{connection: rabbit, queue: "{queue}"}}
+              - name: to-lite
+                from: {{connection: kafka, topic: "{topic}", group: "{unique("g")}"}}
+                to: {{connection: lite, queue: Plain}}
+                error_queue: "{errors}"
+            """
+        )
+    )
+    await asyncio.to_thread(bridge, config, "install")
+    due = time.time() + DELAY
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:
+        at = datetime.fromtimestamp(due, UTC).isoformat()
+        for message_id, headers in (
+            ("now-1", []),
+            ("later", [("NServiceBus.Bridge.DeliverAt", at.encode())]),
+            ("now-2", []),
+        ):
+            headers.append(("NServiceBus.MessageId", message_id.encode()))
+            await producer.send(topic, b"{}", headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    await asyncio.to_thread(bridge, config, "run", "--until-idle", "1")
+
+    arrived = await asyncio.to_thread(arrivals, rabbitmq_url, queue, due + 15)
+    assert set(arrived) == {"now-1", "later", "now-2"}
+    assert arrived["now-1"] < arrived["later"] and arrived["now-2"] < arrived["later"]
+    lateness = arrived["later"] - due
+    assert 0 <= lateness < 3, f"lateness {lateness:.2f} s"
+
+    lite = load("lite", load_config(config).config.connections["lite"])
+    try:
+        plain = [e.message_id for e in await drain(lite, "Plain")]
+    finally:
+        await lite.close()
+    assert plain == ["now-1", "now-2"]
+    # The error queue is on the source's side: a topic.
+    consumer = AIOKafkaConsumer(
+        errors, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        fetched = await consumer.getmany(timeout_ms=10_000)
+    finally:
+        await consumer.stop()
+    (refused,) = [record for batch in fetched.values() for record in batch]
+    headers = {name: (value or b"").decode() for name, value in refused.headers}
+    assert headers["NServiceBus.MessageId"] == "later"
+    assert "this destination cannot delay" in headers["NServiceBus.ExceptionInfo.Message"]

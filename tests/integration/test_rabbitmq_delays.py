@@ -1,0 +1,131 @@
+"""Delays the bridge is asked for, carried out by RabbitMQ's v2 delay infrastructure against the
+real broker: the message waits in the level NServiceBus would put it in, with its routing key,
+arrives no earlier than asked and not much later, and the bridge declares the infrastructure
+exactly as NServiceBus RabbitMQ does (DelayInfrastructure.cs:27-67), so both share it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pika
+import pytest
+
+from bridge.config.models import RabbitMQConnection
+from bridge.envelope import Envelope, Headers
+from bridge.transports.rabbitmq import Transport
+from bridge.transports.rabbitmq.delays import DELIVERY_EXCHANGE, declarations, level_name
+from tests.support.management import api
+
+pytestmark = pytest.mark.integration
+
+DELAY = 3
+
+
+@pytest.fixture
+async def make(rabbitmq_url: str) -> AsyncIterator[Callable[..., Transport]]:
+    made: list[Transport] = []
+
+    def build(**fields: Any) -> Transport:
+        config = RabbitMQConnection.model_validate(
+            {"type": "rabbitmq", "url": rabbitmq_url, **fields}
+        )
+        made.append(Transport("rabbit", config))
+        return made[-1]
+
+    yield build
+    for transport in made:
+        await transport.close()
+
+
+def waiting_in(level: int, queue: str) -> list[dict[str, Any]]:
+    """The messages for `queue` waiting in a level, looked at and put back (management API)."""
+    name = urllib.parse.quote(level_name(level), safe="")
+    got = api(
+        "POST",
+        f"queues/%2F/{name}/get",
+        {"count": 1000, "ackmode": "reject_requeue_true", "encoding": "auto"},
+    )
+    return [m for m in got if m["routing_key"].endswith("." + queue)]
+
+
+def take(url: str, queue: str) -> list[tuple[float, pika.BasicProperties]]:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    got = []
+    while True:
+        method, properties, _ = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append((time.time(), properties))
+    connection.close()
+    return got
+
+
+@pytest.mark.parametrize("topology", ["conventional", "direct"])
+async def test_a_delayed_message_waits_in_its_level_and_arrives_when_due(
+    make: Callable[..., Transport],
+    rabbitmq_url: str,
+    rabbitmq_queues: Callable[..., str],
+    topology: str,
+) -> None:
+    queue = rabbitmq_queues("Delayed")
+    transport = make(topology=topology)
+    await transport.install([queue])
+    sink = transport.sink(queue)
+    sent = time.time()
+    headers = Headers([("NServiceBus.MessageId", "d1")])
+    await sink.send([Envelope(headers, b"{}", deliver_at=sent + DELAY)])
+    await sink.close()
+
+    # 3 s = 0b11: level 01, routing key ...1.1.<queue>, the delay header an Int32 of 3.
+    (waiting,) = waiting_in(1, queue)
+    assert waiting["exchange"] == level_name(1)
+    assert waiting["routing_key"] == "0." * 26 + f"1.1.{queue}"
+    assert waiting["properties"]["headers"]["NServiceBus.Transport.RabbitMQ.DelayInSeconds"] == 3
+    assert take(rabbitmq_url, queue) == []
+
+    deadline = time.monotonic() + DELAY + 10
+    got: list[tuple[float, pika.BasicProperties]] = []
+    while not got and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        got = await asyncio.to_thread(take, rabbitmq_url, queue)
+    assert len(got) == 1, "the delayed message never arrived"
+    arrived, properties = got[0]
+    assert properties.message_id == "d1"
+    lateness = arrived - (sent + DELAY)
+    assert lateness >= 0, f"arrived {-lateness:.2f} s early"
+    assert lateness < 3, f"arrived {lateness:.2f} s late"
+
+
+async def test_the_infrastructure_is_what_nservicebus_declares(
+    make: Callable[..., Transport], rabbitmq_url: str, rabbitmq_queues: Callable[..., str]
+) -> None:
+    """After a delayed send, every exchange, queue and binding of DelayInfrastructure.Build
+    exists as declared there (a second declaration, as an NServiceBus endpoint would make at
+    start, is accepted: an argument differing would be refused with 406), and the destination
+    is bound to the delivery exchange with `#.<queue>`."""
+    queue = rabbitmq_queues("Delayed")
+    transport = make()
+    await transport.install([queue])
+    sink = transport.sink(queue)
+    headers = Headers([("NServiceBus.MessageId", "d2")])
+    await sink.send([Envelope(headers, b"{}", deliver_at=time.time() + 1)])
+    await sink.close()
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    for d in declarations():
+        if d.kind == "exchange":
+            channel.exchange_declare(d.name, exchange_type="topic", durable=True)
+        elif d.kind == "queue":
+            channel.queue_declare(d.name, durable=True, arguments=d.arguments)
+    connection.close()
+    bindings = api("GET", "bindings/%2F")
+    have = {(b["source"], b["destination"], b["routing_key"]) for b in bindings}
+    wanted = {(d.source, d.name, d.routing_key) for d in declarations() if "bind" in d.kind}
+    assert wanted <= have
+    assert (level_name(0), DELIVERY_EXCHANGE, "*." * 27 + "0.#") in have
+    assert (DELIVERY_EXCHANGE, queue, f"#.{queue}") in have
