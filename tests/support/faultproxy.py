@@ -115,12 +115,14 @@ class FaultProxy:
     def reset(self) -> None:
         self._call(self._reset())
 
-    def arm(self, trigger: Trigger, times: int = 1) -> Trigger:
-        """Fire `trigger` on the next `times` matching client messages (see the module)."""
+    def arm(self, trigger: Trigger, times: int = 1, skip: int = 0) -> Trigger:
+        """Fire `trigger` on the next `times` matching client messages, after letting `skip`
+        of them through (see the module)."""
         assert trigger.wire == self.wire, f"a {trigger.wire.name} trigger on a {self.wire} proxy"
 
         def apply() -> None:
             trigger.times = trigger.fired + times
+            trigger.skip = skip
             if trigger not in self._triggers:
                 self._triggers.append(trigger)
 
@@ -262,7 +264,9 @@ class FaultProxy:
                     trigger = next(
                         (t for t in self._triggers if t.armed and t.request(message)), None
                     )
-                    if trigger is not None:
+                    if trigger is not None and trigger.skip:
+                        trigger.skip -= 1
+                    elif trigger is not None:
                         self._fire(pipe, trigger, message)
                         break
             return True

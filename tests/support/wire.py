@@ -132,6 +132,7 @@ class Trigger:
     answer: Callable[[bytes, bytes], bool] | None = None
     hold: float = 2.0
     times: int = 0
+    skip: int = 0  # matching messages still to let through before it fires
     fired: int = 0
     #: time.monotonic() of each firing
     fired_at: list[float] = field(default_factory=list)
