@@ -13,14 +13,16 @@ and resets the connection, FIRINGS times per route. The commits:
 
 SQLite is a local file: it has no network commit, so it is only ever the other end (and
 SQLite -> SQLite has no case). Each test faults one service on every route that has it at one
-end, one route per transport pair and fault position, all in one bridge process: each faulted
-connection goes through a proxy of its own (Kafka: one proxy, since the broker advertises
-one address, and triggers matched by topic or group name, with a connection name, and so a
-producer, per faulted route).
+end, one route per transport pair and fault position (and, for PostgreSQL, a route between two
+tables of one connection, which moves a batch in one transaction), all in one bridge process.
+Each faulted connection goes through a proxy of its own (Kafka: one proxy, since the broker
+advertises one address, and triggers matched by topic or group name, with a connection name,
+and so a producer, per faulted route).
 
 At least once holds everywhere: nothing is lost, and each firing duplicates at most what was in
 flight on the faulted connection (batch_size x concurrency; from a SQLite source its open
-chain of CHAIN batches). Kafka -> SQL is exactly-once: the destination stores the positions in
+chain of CHAIN batches). A route within one database is exactly-once (its source and
+destination commit together), and so is Kafka -> SQL: the destination stores the positions in
 the transaction of the rows (bridge/transports/sql/checkpoints.py), so after a lost COMMIT
 answer the source reads them back from the database, and a lost OffsetCommit changes nothing.
 Each case's name carries the longest time from a cut to the route running and forwarding again.
@@ -81,7 +83,7 @@ PRODUCE, OFFSET_COMMIT = 0, 8
 class Case:
     """One route, its fault and what came of it."""
 
-    at: str  # "source" or "destination"
+    at: str  # "source", "destination", or "both": one connection, one transaction
     source: str
     destination: str
     index: int
@@ -101,7 +103,8 @@ class Case:
 
     @property
     def exactly_once(self) -> bool:
-        return self.source == "kafka" and self.destination in ("postgresql", "sqlite")
+        from_kafka = self.source == "kafka" and self.destination in ("postgresql", "sqlite")
+        return from_kafka or self.at == "both"
 
     @property
     def bound(self) -> int:
@@ -114,13 +117,16 @@ class Case:
     def name(self) -> str:
         pair = f"{SHORT[self.source]}->{SHORT[self.destination]}"
         moving = f"moving again {max(self.recoveries):.1f} s" if self.recoveries else "no cut"
-        return f"commit unknown at {self.at}, {pair}: {moving}"
+        at = "in one transaction" if self.at == "both" else f"at {self.at}"
+        return f"commit unknown {at}, {pair}: {moving}"
 
 
 def cases(service: str) -> list[Case]:
     """Every route with `service` at one end, faulted at that end."""
     out = [Case("source", service, other, 0) for other in ENDS]
     out += [Case("destination", other, service, 0) for other in ENDS]
+    if service == "postgresql":  # a route within one database moves in one transaction
+        out.append(Case("both", service, service, 0))
     for index, case in enumerate(out):
         case.index = index
     return out
@@ -174,8 +180,8 @@ class Rig:
     def _cut(self, case: Case) -> None:
         """The connection through which `case`'s faulted end goes, and its trigger."""
         faulted = f"cut{case.index}"
-        case.from_connection = faulted if case.at == "source" else PLAIN[case.source]
-        case.to_connection = faulted if case.at == "destination" else PLAIN[case.destination]
+        case.from_connection = faulted if case.at != "destination" else PLAIN[case.source]
+        case.to_connection = faulted if case.at != "source" else PLAIN[case.destination]
         if self.service == "kafka":
             case.proxy = self.kafka_proxy
             self.connections[faulted] = self._kafka()  # a producer of its own
