@@ -13,7 +13,15 @@ import psycopg
 import pytest
 
 from tests.support.faultproxy import FaultProxy
-from tests.support.wire import AMQP, POSTGRES, amqp_publish, postgres_commit
+from tests.support.wire import (
+    AMQP,
+    KAFKA,
+    POSTGRES,
+    Framer,
+    amqp_publish,
+    kafka_request,
+    postgres_commit,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -134,17 +142,27 @@ def test_a_commit_trigger_lets_the_server_commit_and_resets_before_the_answer(
     assert rows == [(1,), (2,)]
 
 
+def chunked(framer: Framer, stream: bytes, size: int) -> list[bytes]:
+    """The messages `framer` finds in `stream` fed `size` bytes at a time."""
+    return [m for i in range(0, len(stream), size) for m in framer.feed(stream[i : i + size])]
+
+
 @pytest.mark.parametrize("size", [1, 3, 1000])
 def test_the_wires_cut_a_stream_into_messages_however_it_is_chunked(size: int) -> None:
     commit = b"Q\x00\x00\x00\x0bCOMMIT\x00"
     startup = b"\x00\x00\x00\x08\x04\xd2\x16/" + b"\x00\x00\x00\x09\x00\x03\x00\x00\x00"
-    stream = startup + b"Q\x00\x00\x00\nBEGIN\x00" + commit
-    framer = POSTGRES.up()
-    messages = [m for i in range(0, len(stream), size) for m in framer.feed(stream[i : i + size])]
-    assert messages[-1] == commit and len(messages) == 4
+    messages = chunked(POSTGRES.up(), startup + b"Q\x00\x00\x00\nBEGIN\x00" + commit, size)
+    assert len(messages) == 4 and messages[-1] == commit
+    assert postgres_commit().request(commit)
+
     publish = b"\x01\x00\x01\x00\x00\x00\x08\x00\x3c\x00\x28\x00\x00\x01q\xce"
-    stream = b"AMQP\x00\x00\x09\x01" + publish * 2
-    framer = AMQP.up()
-    messages = [m for i in range(0, len(stream), size) for m in framer.feed(stream[i : i + size])]
-    assert messages == [publish, publish]
+    assert chunked(AMQP.up(), b"AMQP\x00\x00\x09\x01" + publish * 2, size) == [publish] * 2
     assert amqp_publish("q").request(publish) and not amqp_publish("r").request(publish)
+
+    produce = b"\x00\x00\x00\x0b" + b"\x00\x00\x00\x07\x00\x00\x00\x2a" + b"t42"
+    answer = b"\x00\x00\x00\x06" + b"\x00\x00\x00\x2a" + b"ok"
+    assert chunked(KAFKA.up(), produce * 2, size) == [produce] * 2
+    assert KAFKA.down is not None and chunked(KAFKA.down(), answer, size) == [answer]
+    trigger = kafka_request(0, "t42")
+    assert trigger.request(produce) and not kafka_request(8, "t42").request(produce)
+    assert trigger.answer is not None and trigger.answer(produce, answer)

@@ -34,6 +34,7 @@ __all__ = [
     "AMQP",
     "KAFKA",
     "POSTGRES",
+    "Framer",
     "Trigger",
     "Wire",
     "amqp_ack",
