@@ -17,10 +17,10 @@ loop or plain code), while a `bridge run` child process talks through it:
   stream, it never loses part of it;
 - `reset()`: every open connection is reset (SO_LINGER 0, then close: an RST on both sides),
   as a firewall or a restarted middlebox does. Later connections are forwarded as usual;
-- `arm(trigger, times)`: a commit whose outcome the client never learns. A proxy made with a
-  `wire` (tests/support/wire.py: PostgreSQL, AMQP or Kafka framing) cuts each connection's
-  stream into messages; the next `times` client messages the trigger matches (a COMMIT, a
-  basic.publish, a Produce request) are forwarded, and so is whatever the client sends after,
+- `arm(trigger, times, skip)`: a commit whose outcome the client never learns. A proxy made
+  with a `wire` (tests/support/wire.py: PostgreSQL, AMQP or Kafka framing) cuts each
+  connection's stream into messages; the next `times` client messages the trigger matches (a
+  COMMIT, a basic.publish, a Produce request), after `skip` it lets through, are forwarded, and so is whatever the client sends after,
   but from then on nothing of that connection comes back: once the service answered (the
   trigger says which message answers) or after the trigger's `hold` seconds, the connection
   is reset. The service did the work; the client sees its connection reset while it waits.
