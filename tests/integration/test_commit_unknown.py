@@ -58,6 +58,7 @@ from tests.support.wire import (
     KAFKA,
     POSTGRES,
     Trigger,
+    Wire,
     amqp_ack,
     amqp_publish,
     kafka_request,
@@ -140,27 +141,32 @@ class Rig:
         self.tmp_path, self.service, self.pg_dsn, self.schema = tmp_path, service, pg_dsn, schema
         self.rabbit = rabbit
         self.http_port = free_port()
-        broker_port = free_port()
-        self.kafka_proxy = FaultProxy("127.0.0.1", broker_port, KAFKA).start()
-        self.broker = LocalKafka(broker_port, advertised_port=self.kafka_proxy.port).start()
+        self.broker_port = free_port()
+        self.kafka_proxy = FaultProxy("127.0.0.1", self.broker_port, KAFKA)
+        self.broker: LocalKafka | None = None
         self.cases = cases(service)
         self.proxies: list[FaultProxy] = [self.kafka_proxy]
+        self.transports: dict[str, Transport] = {}
+        self.config = tmp_path / "routes.yaml"
+        self.routes: dict[str, dict[str, Any]] = {}
+        self.routes_at = 0.0
+
+    def start(self) -> None:
+        """Start the proxies and the broker, write routes.yaml and install what it needs."""
+        self.kafka_proxy.start()
+        self.broker = LocalKafka(self.broker_port, advertised_port=self.kafka_proxy.port).start()
         self.connections = {
-            "pg": self._pg(pg_dsn),
-            "rabbit": self._rabbit(rabbit),
+            "pg": self._pg(self.pg_dsn),
+            "rabbit": self._rabbit(self.rabbit),
             "kafka": self._kafka(),
-            "lite": f'{{type: sqlite, path: "{tmp_path / "queues.db"}"}}',
+            "lite": f'{{type: sqlite, path: "{self.tmp_path / "queues.db"}"}}',
         }
         for case in self.cases:
             self._cut(case)
-        self.config = self._write()
+        self._write()
         self.run("install")
         connections = load_config(self.config).config.connections
-        self.transports: dict[str, Transport] = {
-            name: load(name, connections[name]) for name in PLAIN.values()
-        }
-        self.routes: dict[str, dict[str, Any]] = {}
-        self.routes_at = 0.0
+        self.transports = {name: load(name, connections[name]) for name in PLAIN.values()}
 
     def _pg(self, dsn: str) -> str:
         return f'{{type: postgresql, dsn: "{dsn}", schema: "{self.schema}"}}'
@@ -173,7 +179,7 @@ class Rig:
 
     def _kafka(self) -> str:
         return (
-            f'{{type: kafka, bootstrap_servers: "{self.broker.bootstrap_servers}",'
+            f'{{type: kafka, bootstrap_servers: "{self.kafka_proxy.address}",'
             f" idempotence: false, partitions: {PARTITIONS}, session_timeout_ms: 3000}}"
         )
 
@@ -192,17 +198,21 @@ class Rig:
             )
             return
         if self.service == "postgresql":
-            case.proxy = FaultProxy("127.0.0.1", 5432, POSTGRES).start()
+            case.proxy = self._proxy(5432, POSTGRES)
             dsn = f"postgresql://postgres@{case.proxy.address}/test?sslmode=disable"
             self.connections[faulted] = self._pg(dsn)
             case.trigger = postgres_commit()
         else:
-            case.proxy = FaultProxy("127.0.0.1", 5672, AMQP).start()
+            case.proxy = self._proxy(5672, AMQP)
             self.connections[faulted] = self._rabbit(f"amqp://guest:guest@{case.proxy.address}/%2F")
             case.trigger = amqp_ack() if case.at == "source" else amqp_publish(case.dst)
-        self.proxies.append(case.proxy)
 
-    def _write(self) -> Path:
+    def _proxy(self, port: int, wire: Wire) -> FaultProxy:
+        proxy = FaultProxy("127.0.0.1", port, wire).start()
+        self.proxies.append(proxy)
+        return proxy
+
+    def _write(self) -> None:
         lines = [f"http: {{host: 127.0.0.1, port: {self.http_port}}}", "connections:"]
         lines += [f"  {name}: {value}" for name, value in self.connections.items()]
         lines.append("routes:")
@@ -216,9 +226,7 @@ class Rig:
                 f"    batch_size: {BATCH}",
                 f"    concurrency: {CONCURRENCY}",
             ]
-        path = self.tmp_path / "routes.yaml"
-        path.write_text("\n".join(lines) + "\n")
-        return path
+        self.config.write_text("\n".join(lines) + "\n")
 
     def run(self, *args: str) -> None:
         with BridgeProcess(self.config, *args).start() as bridge:
@@ -318,7 +326,7 @@ class Rig:
         """Every record of `topic`, read to its end offsets without a group (no join to wait
         for)."""
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.broker.bootstrap_servers, enable_auto_commit=False
+            bootstrap_servers=self.kafka_proxy.address, enable_auto_commit=False
         )
         await consumer.start()
         ids: list[str] = []
@@ -342,7 +350,8 @@ class Rig:
             await transport.close()
         for proxy in self.proxies:
             proxy.close()
-        self.broker.stop()
+        if self.broker is not None:
+            self.broker.stop()
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
         channel = connection.channel()
         for case in self.cases:
@@ -372,9 +381,12 @@ async def until(condition: Callable[[], bool | Awaitable[bool]], timeout: float,
 async def rig(
     request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str
 ) -> AsyncIterator[Rig]:
-    r = await asyncio.to_thread(Rig, tmp_path, request.param, pg_dsn, pg_schema, rabbitmq_url)
-    yield r
-    await r.close()
+    r = Rig(tmp_path, request.param, pg_dsn, pg_schema, rabbitmq_url)
+    try:
+        await asyncio.to_thread(r.start)
+        yield r
+    finally:
+        await r.close()
 
 
 async def test_commit_outcome_unknown(rig: Rig) -> None:
