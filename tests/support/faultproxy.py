@@ -20,10 +20,11 @@ loop or plain code), while a `bridge run` child process talks through it:
 - `arm(trigger, times, skip)`: a commit whose outcome the client never learns. A proxy made
   with a `wire` (tests/support/wire.py: PostgreSQL, AMQP or Kafka framing) cuts each
   connection's stream into messages; the next `times` client messages the trigger matches (a
-  COMMIT, a basic.publish, a Produce request), after `skip` it lets through, are forwarded, and so is whatever the client sends after,
-  but from then on nothing of that connection comes back: once the service answered (the
-  trigger says which message answers) or after the trigger's `hold` seconds, the connection
-  is reset. The service did the work; the client sees its connection reset while it waits.
+  COMMIT, a basic.publish, a Produce request), after `skip` it lets through, are forwarded,
+  and so is whatever the client sends after, but from then on nothing of that connection
+  comes back: once the service answered (the trigger says which message answers) or after the
+  trigger's `hold` seconds, the connection is reset. The service did the work; the client
+  sees its connection reset while it waits.
   `trigger.fired` counts the firings.
 
 What it cannot make: a peer whose kernel stops acknowledging. The proxy's kernel acknowledges
