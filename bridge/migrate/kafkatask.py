@@ -14,7 +14,9 @@ executor the driver gave up on). The sink's checkpoint writes are fenced
 (`SqlSink.fence_checkpoint`): each stores the partition's position only over the one the
 attempt read at its start, then over its own last one. The attempt that finds another's
 position there rolls back its batch and fails with `RangeTakenOver`, which is not retried
-within the task; the rows are written once.
+within the task; the rows are written once. A position there that this attempt wrote itself,
+in a send whose COMMIT answer was lost (the sink's `unsure_checkpoint`), is no takeover: the
+attempt goes on from it.
 """
 
 from __future__ import annotations
@@ -47,33 +49,44 @@ async def move_partition(
     try:
         if not isinstance(kafka, KafkaTransport) or route.from_.group is None:
             raise ConfigError(f"route {route.name}: its source is not a Kafka topic and group")
-        sink = sql.sink(route.to.address)
-        if not isinstance(sink, SqlSink):
-            raise ConfigError(f"route {route.name}: its destination is not a SQL queue table")
         topic, group = route.from_.address, route.from_.group
         key = checkpoint_key(group, topic, partition)
-        stored = (await sink.load_checkpoint(checkpoint_prefix(group, topic))).get(key)
-        sink.fence_checkpoint({key: stored})
-        start = max(start, start if stored is None else stored)
-        source = kafka.source(
-            topic,
-            group=group,
-            error_queue=route.error_queue_name,
-            offsets=(partition, start, end),
-        )
         rules = RouteRules(route, config.registry)
-        try:
-            return await run_until_exhausted(
-                route, source, sink, fail_after=fail_after, rules=rules
+        own: int | None = None  # a position this attempt may have stored without learning it
+        while True:
+            sink = sql.sink(route.to.address)
+            if not isinstance(sink, SqlSink):
+                raise ConfigError(f"route {route.name}: its destination is not a SQL queue table")
+            stored = (await sink.load_checkpoint(checkpoint_prefix(group, topic))).get(key)
+            if own is not None and stored != own:
+                raise _taken_over(topic, partition, start, end)
+            sink.fence_checkpoint({key: stored})
+            source = kafka.source(
+                topic,
+                group=group,
+                error_queue=route.error_queue_name,
+                offsets=(partition, start if stored is None else max(start, stored), end),
             )
-        except CheckpointConflict:
-            raise RangeTakenOver(
-                f"{topic}/{partition}: another attempt moved this range (offsets {start} to "
-                f"{end - 1}) while this one ran; this attempt rolled back its batch"
-            ) from None
+            try:
+                return await run_until_exhausted(
+                    route, source, sink, fail_after=fail_after, rules=rules
+                )
+            except CheckpointConflict:
+                # The stored position is another attempt's, or this one's own from a send
+                # whose COMMIT answer was lost (then it goes on from there).
+                own = sink.unsure_checkpoint().get(key)
+                if own is None:
+                    raise _taken_over(topic, partition, start, end) from None
     finally:
         await kafka.close()
         await sql.close()
+
+
+def _taken_over(topic: str, partition: int, start: int, end: int) -> RangeTakenOver:
+    return RangeTakenOver(
+        f"{topic}/{partition}: another attempt moved this range (offsets {start} to "
+        f"{end - 1}) while this one ran; this attempt rolled back its batch"
+    )
 
 
 def kafka_task(spec: JobSpec, item: tuple[int, int, int, int]) -> Moved:

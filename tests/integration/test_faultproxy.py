@@ -9,9 +9,19 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from tests.support.faultproxy import FaultProxy
+from tests.support.wire import (
+    AMQP,
+    KAFKA,
+    POSTGRES,
+    Framer,
+    amqp_publish,
+    kafka_request,
+    postgres_commit,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -107,3 +117,52 @@ def test_latency_delays_each_way(proxy: FaultProxy) -> None:
         sock.settimeout(5)
         assert sock.recv(100) == b"slow"
         assert time.monotonic() - started >= 0.6
+
+
+def test_a_commit_trigger_lets_the_server_commit_and_resets_before_the_answer(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """psycopg's COMMIT reaches PostgreSQL, which commits; the client only sees a reset."""
+    table = f'"{pg_schema}".cut'
+    with psycopg.connect(pg_dsn, autocommit=True) as direct:
+        direct.execute(f"CREATE TABLE {table} (n int)")
+        with FaultProxy("127.0.0.1", 5432, POSTGRES) as proxy:
+            trigger = proxy.arm(postgres_commit())
+            dsn = f"postgresql://postgres@{proxy.address}/test?sslmode=disable"
+            with psycopg.connect(dsn) as conn:
+                conn.execute(f"INSERT INTO {table} VALUES (1)")
+                with pytest.raises(psycopg.OperationalError):
+                    conn.commit()
+            assert trigger.fired == 1
+            with psycopg.connect(dsn) as again:  # disarmed: commits as usual
+                again.execute(f"INSERT INTO {table} VALUES (2)")
+                again.commit()
+            assert trigger.fired == 1
+        rows = direct.execute(f"SELECT n FROM {table} ORDER BY n").fetchall()
+    assert rows == [(1,), (2,)]
+
+
+def chunked(framer: Framer, stream: bytes, size: int) -> list[bytes]:
+    """The messages `framer` finds in `stream` fed `size` bytes at a time."""
+    return [m for i in range(0, len(stream), size) for m in framer.feed(stream[i : i + size])]
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_the_wires_cut_a_stream_into_messages_however_it_is_chunked(size: int) -> None:
+    commit = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+    startup = b"\x00\x00\x00\x08\x04\xd2\x16/" + b"\x00\x00\x00\x09\x00\x03\x00\x00\x00"
+    messages = chunked(POSTGRES.up(), startup + b"Q\x00\x00\x00\nBEGIN\x00" + commit, size)
+    assert len(messages) == 4 and messages[-1] == commit
+    assert postgres_commit().request(commit)
+
+    publish = b"\x01\x00\x01\x00\x00\x00\x08\x00\x3c\x00\x28\x00\x00\x01q\xce"
+    assert chunked(AMQP.up(), b"AMQP\x00\x00\x09\x01" + publish * 2, size) == [publish] * 2
+    assert amqp_publish("q").request(publish) and not amqp_publish("r").request(publish)
+
+    produce = b"\x00\x00\x00\x0b" + b"\x00\x00\x00\x07\x00\x00\x00\x2a" + b"t42"
+    answer = b"\x00\x00\x00\x06" + b"\x00\x00\x00\x2a" + b"ok"
+    assert chunked(KAFKA.up(), produce * 2, size) == [produce] * 2
+    assert KAFKA.down is not None and chunked(KAFKA.down(), answer, size) == [answer]
+    trigger = kafka_request(0, "t42")
+    assert trigger.request(produce) and not kafka_request(8, "t42").request(produce)
+    assert trigger.answer is not None and trigger.answer(produce, answer)

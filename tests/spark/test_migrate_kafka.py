@@ -34,6 +34,8 @@ from bridge.transports.kafka.headers import EXPIRES_AT
 from tests.conftest import unique
 from tests.spark.conftest import write_routes
 from tests.spark.data import by_id, message, pg_insert_raw, pg_poison_raw_headers, pg_rows
+from tests.support.faultproxy import FaultProxy
+from tests.support.wire import POSTGRES, postgres_commit
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -347,3 +349,26 @@ async def test_a_partition_source_dead_letters_what_the_destination_refuses(
     assert headers["NServiceBus.MessageId"] == sent[7].message_id
     assert headers["NServiceBus.FailedQ"] == setup.topic
     assert "too large" in str(headers["NServiceBus.ExceptionInfo.Message"])
+
+
+async def test_a_task_whose_commit_answer_is_lost_goes_on_from_the_position_it_stored(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str
+) -> None:
+    """The connection drops after a batch's COMMIT and before its answer: the rows and the
+    position are stored, and the task does not know it. When it sends the batch again, its
+    fenced write finds its own position there, not another attempt's: it goes on from there,
+    and writes each row once, instead of failing as if the range had been taken over."""
+    with FaultProxy("127.0.0.1", 5432, POSTGRES) as proxy:
+        dsn = f"postgresql://postgres@{proxy.address}/test?sslmode=disable"
+        setup = Setup(tmp_path, dsn, pg_schema, kafka_bootstrap)
+        await setup.install()
+        sent = [message(n) for n in range(200)]
+        end = (await setup.produce([(m, 0, None) for m in sent]))[0]
+        spec = JobSpec.from_file(str(setup.config), "from-kafka")
+        # The first COMMIT creates the checkpoint table; the second is the first batch's.
+        cut = proxy.arm(postgres_commit(), skip=1)
+        await move_partition(spec, 0, 0, end)
+        assert cut.fired == 1
+    rows = pg_rows(pg_dsn, pg_schema, setup.queue)
+    assert len(rows) == 200
+    assert by_id(rows).keys() == {str(m.message_id) for m in sent}

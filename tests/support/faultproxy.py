@@ -16,7 +16,16 @@ loop or plain code), while a `bridge run` child process talks through it:
   then, in order, as TCP would once its retransmissions got through: a blackhole delays a
   stream, it never loses part of it;
 - `reset()`: every open connection is reset (SO_LINGER 0, then close: an RST on both sides),
-  as a firewall or a restarted middlebox does. Later connections are forwarded as usual.
+  as a firewall or a restarted middlebox does. Later connections are forwarded as usual;
+- `arm(trigger, times, skip)`: a commit whose outcome the client never learns. A proxy made
+  with a `wire` (tests/support/wire.py: PostgreSQL, AMQP or Kafka framing) cuts each
+  connection's stream into messages; the next `times` client messages the trigger matches (a
+  COMMIT, a basic.publish, a Produce request), after `skip` it lets through, are forwarded,
+  and so is whatever the client sends after, but from then on nothing of that connection
+  comes back: once the service answered (the trigger says which message answers) or after the
+  trigger's `hold` seconds, the connection is reset. The service did the work; the client
+  sees its connection reset while it waits.
+  `trigger.fired` counts the firings.
 
 What it cannot make: a peer whose kernel stops acknowledging. The proxy's kernel acknowledges
 whatever reaches it, so TCP keepalives and `TCP_USER_TIMEOUT` of the client never fire while it
@@ -37,6 +46,8 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from tests.support.wire import Framer, Trigger, Wire
+
 __all__ = ["FaultProxy"]
 
 Direction = Literal["up", "down"]
@@ -47,10 +58,16 @@ CHUNK = 65536
 class _Pipe:
     """One accepted connection and its upstream one."""
 
-    def __init__(self, client: asyncio.StreamWriter) -> None:
+    def __init__(self, client: asyncio.StreamWriter, wire: Wire | None) -> None:
         self.client = client
         self.server: asyncio.StreamWriter | None = None
         self.tasks: list[asyncio.Task[None]] = []
+        self.frames: dict[Direction, Framer | None] = {
+            "up": wire.up() if wire else None,
+            "down": wire.down() if wire and wire.down else None,
+        }
+        #: The trigger that fired on this connection, and the request it matched.
+        self.doomed: tuple[Trigger, bytes] | None = None
 
     def writers(self) -> list[asyncio.StreamWriter]:
         return [w for w in (self.client, self.server) if w is not None]
@@ -59,8 +76,10 @@ class _Pipe:
 class FaultProxy:
     """See the module docstring. A context manager: leaving it closes everything."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, wire: Wire | None = None) -> None:
         self.target = (host, port)
+        self.wire = wire
+        self._triggers: list[Trigger] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._flowing: dict[Direction, asyncio.Event] = {}
@@ -96,6 +115,20 @@ class FaultProxy:
 
     def reset(self) -> None:
         self._call(self._reset())
+
+    def arm(self, trigger: Trigger, times: int = 1, skip: int = 0) -> Trigger:
+        """Fire `trigger` on the next `times` matching client messages, after letting `skip`
+        of them through (see the module)."""
+        assert trigger.wire == self.wire, f"a {trigger.wire.name} trigger on a {self.wire} proxy"
+
+        def apply() -> None:
+            trigger.times = trigger.fired + times
+            trigger.skip = skip
+            if trigger not in self._triggers:
+                self._triggers.append(trigger)
+
+        self._loop.call_soon_threadsafe(apply)
+        return trigger
 
     @property
     def connections(self) -> int:
@@ -143,7 +176,7 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
-        pipe = _Pipe(writer)
+        pipe = _Pipe(writer, self.wire)
         self._pipes.add(pipe)
         try:
             # A connection made during a blackhole reaches the service once it is over.
@@ -157,8 +190,8 @@ class FaultProxy:
                 _abort(writer)
                 return
             pipe.tasks = [
-                asyncio.create_task(self._pump(reader, pipe.server, "up")),
-                asyncio.create_task(self._pump(up_reader, writer, "down")),
+                asyncio.create_task(self._pump(pipe, reader, pipe.server, "up")),
+                asyncio.create_task(self._pump(pipe, up_reader, writer, "down")),
             ]
             await asyncio.gather(*pipe.tasks, return_exceptions=True)
         except asyncio.CancelledError:
@@ -170,9 +203,14 @@ class FaultProxy:
                 w.close()
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: Direction
+        self,
+        pipe: _Pipe,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direction: Direction,
     ) -> None:
-        """Forward one direction: read, hold for the latency, wait while cut, write."""
+        """Forward one direction: read, hold for the latency, wait while cut, write; with a
+        wire, look at each message for the triggers."""
         flowing = self._flowing[direction]
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         forward = asyncio.create_task(self._forward(queue, writer, flowing))
@@ -185,6 +223,8 @@ class FaultProxy:
                     forward.cancel()
                     _abort(writer)
                     return
+                if not self._look(pipe, direction, chunk):
+                    continue  # a doomed connection's answer: dropped
                 queue.put_nowait((time.monotonic() + self._delay, chunk))
                 if not chunk:
                     break
@@ -212,12 +252,47 @@ class FaultProxy:
             except OSError:
                 return
 
+    def _look(self, pipe: _Pipe, direction: Direction, chunk: bytes) -> bool:
+        """Whether to forward `chunk`: fire a trigger on what the client sends, drop what the
+        service sends once one fired, and reset the connection when the service answered."""
+        framer = pipe.frames[direction]
+        if framer is None and pipe.doomed is None:
+            return True
+        messages = framer.feed(chunk) if framer is not None and chunk else []
+        if direction == "up":
+            if pipe.doomed is None:
+                for message in messages:
+                    trigger = next(
+                        (t for t in self._triggers if t.armed and t.request(message)), None
+                    )
+                    if trigger is not None and trigger.skip:
+                        trigger.skip -= 1
+                    elif trigger is not None:
+                        self._fire(pipe, trigger, message)
+                        break
+            return True
+        if pipe.doomed is None:
+            return True
+        trigger, request = pipe.doomed
+        if not chunk or trigger.answer is None or any(trigger.answer(request, m) for m in messages):
+            self._reset_pipe(pipe)
+        return False
+
+    def _fire(self, pipe: _Pipe, trigger: Trigger, request: bytes) -> None:
+        trigger.fired += 1
+        trigger.fired_at.append(time.monotonic())
+        pipe.doomed = (trigger, request)
+        self._loop.call_later(trigger.hold, self._reset_pipe, pipe)
+
+    def _reset_pipe(self, pipe: _Pipe) -> None:
+        for task in pipe.tasks:
+            task.cancel()
+        for writer in pipe.writers():
+            _abort(writer)
+
     async def _reset(self) -> None:
         for pipe in list(self._pipes):
-            for task in pipe.tasks:
-                task.cancel()
-            for writer in pipe.writers():
-                _abort(writer)
+            self._reset_pipe(pipe)
 
     async def _close(self) -> None:
         if self._server is not None:

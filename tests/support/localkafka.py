@@ -22,11 +22,17 @@ def free_port() -> int:
 
 
 class LocalKafka:
-    """Start `tansu broker` on a free loopback port; `bootstrap_servers` says where."""
+    """Start `tansu broker` on a free loopback port; `bootstrap_servers` says where.
 
-    def __init__(self, port: int | None = None) -> None:
+    `advertised_port`: the port the broker tells clients to connect to instead of its own (a
+    fault proxy's in front of it: tests/support/faultproxy.py); `bootstrap_servers` is then
+    that one too, so every client of the broker goes through the proxy.
+    """
+
+    def __init__(self, port: int | None = None, advertised_port: int | None = None) -> None:
         self.port = port or free_port()
-        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.advertised_port = advertised_port or self.port
+        self.bootstrap_servers = f"127.0.0.1:{self.advertised_port}"
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> LocalKafka:
@@ -40,7 +46,7 @@ class LocalKafka:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.advertised_port}",
                 "--storage-engine",
                 "memory://tansu/",
             ],
@@ -57,7 +63,7 @@ class LocalKafka:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"tansu did not listen on {self.bootstrap_servers} in {timeout}s")
+        raise RuntimeError(f"tansu did not listen on 127.0.0.1:{self.port} in {timeout}s")
 
     @property
     def pid(self) -> int:

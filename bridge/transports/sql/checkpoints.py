@@ -11,6 +11,11 @@ first the stored one, then the one it committed last), so that of two writers of
 `CheckpointConflict`. A `FencedCheckpoint` (a Kafka source's batch) is written the same way
 over the positions its batch started from; a conflict there is `PositionMoved`, retriable: the
 source receives again from the stored positions.
+
+Commits whose answer is lost. When the connection drops after a send's COMMIT went out, the
+positions it wrote may be stored or not. The sink keeps them (`unsure`) until a later send of
+those positions commits: a writer whose fenced write then conflicts can read the stored
+positions back and tell its own lost commit (they are the unsure ones) from another writer's.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Checkpoints:
         self._statements = dialect.checkpoint_statements()
         self._table_ready = False
         self._fence: dict[str, int | None] | None = None
+        #: Positions written by sends whose COMMIT failed: stored or not, unknown.
+        self.unsure: dict[str, int] = {}
 
     def fence(self, stored: Mapping[str, int | None]) -> None:
         """Write each position only over the one expected from now on (see the module)."""
@@ -73,10 +80,16 @@ class Checkpoints:
         else:
             cursor.executemany(self._statements.upsert, positions)
 
+    def commit_failed(self, positions: list[tuple[str, int]]) -> None:
+        """The COMMIT of the send that wrote `positions` raised: they may be stored or not."""
+        self.unsure.update(positions)
+
     def committed(
         self, positions: list[tuple[str, int]], expected: Mapping[str, int | None] | None
     ) -> None:
         """The send that wrote `positions` committed: they are what the fence expects next."""
+        for name, _ in positions:
+            self.unsure.pop(name, None)
         if expected is None and self._fence is not None:
             self._fence.update(positions)
 

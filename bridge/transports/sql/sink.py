@@ -97,6 +97,11 @@ class SqlSink:
         if rejected is not None:
             raise rejected
 
+    def unsure_checkpoint(self) -> dict[str, int]:
+        """Positions written by sends whose COMMIT failed (the connection dropped before its
+        answer), not written again since: stored or not, `load_checkpoint` tells."""
+        return dict(self._checkpoints.unsure)
+
     async def load_checkpoint(self, prefix: str) -> dict[str, int]:
         """Stored positions whose names start with `prefix` (empty before the first one)."""
         return await self._connection.run(partial(self._checkpoints.load, prefix))
@@ -141,7 +146,12 @@ class SqlSink:
         if positions:
             self._checkpoints.write(cursor, positions, expected)
         if not self._borrowed:
-            db.commit()
+            try:
+                db.commit()
+            except BaseException:
+                if positions:  # the server may have committed: see `unsure_checkpoint`
+                    self._checkpoints.commit_failed(positions)
+                raise
         if positions:
             self._checkpoints.committed(positions, expected)
         return None
