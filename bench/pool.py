@@ -27,9 +27,10 @@ Per transaction
     `Connection` (lease, give back, and a receive's `SET LOCAL`), against a connection of its
     own (`overhead`): the cost behind the busy route's numbers, without the route's noise.
 
-The server is a fresh cluster with initdb's defaults (`bench/pgserver.py`; as root it runs as
-`postgres`), so running it out of connections disturbs nothing else; it is removed at the end.
-The bench's own watcher and writer hold two of its connections.
+The server is a fresh cluster with initdb's defaults (`tests/support/pgserver.py`, which the
+TLS tests share; as root it runs as `postgres`), so running it out of connections disturbs
+nothing else; it is removed at the end. The bench's own watcher and writer hold two of its
+connections.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import psycopg
 
 from bench.machine import machine
 from bench.messages import unique
-from bench.pgserver import PrivateServer
+from tests.support.pgserver import PrivateServer
 
 HERE = Path(__file__).resolve().parents[1]
 
