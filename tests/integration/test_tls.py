@@ -1,0 +1,204 @@
+"""TLS end to end, against certificates of a throwaway CA made here (tests/support/tls.py):
+PostgreSQL with `sslmode=verify-full`, RabbitMQ over `amqps`, Kafka over SSL.
+
+The servers are private ones, started only by these tests, each serving a certificate for
+`localhost` only: a PostgreSQL cluster with `ssl=on` (tests/support/pgserver.py) and a RabbitMQ
+node with only a TLS listener (tests/support/rabbitmqnode.py). The local Kafka broker (tansu
+0.6.0) takes `--cert` and `--key` but cannot serve TLS: clap puts both in one exclusive group
+(tansu-cli/src/cli/broker.rs:97-104, "the argument '--cert <CERT>' cannot be used with '--key
+<KEY>'"), a certificate without its key builds no TLS config (broker.rs:265-267), and the
+acceptor it would build is never used (tansu-broker/src/broker.rs:268, `let _acceptor`). So a
+TLS front made by the tests (the fault proxy with a server context) listens for it, and the
+broker advertises that front as `localhost:PORT`: aiokafka's whole TLS path (context, chain
+and host name checks, for the bootstrap and the advertised broker) runs as against a broker of
+its own.
+
+Each transport moves messages both ways over verified TLS, and refuses a wrong CA or a wrong
+host name (the certificate is for localhost; 127.0.0.1 is connected to) with `TlsRefused`:
+`bridge check --connect` says FAILED with the reason, `bridge run --until-idle` exits 1 within
+seconds naming the connection, and nothing leaves the source.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_refused_access import SECRET, bridge, get, write_routes
+from tests.support.faultproxy import FaultProxy
+from tests.support.localkafka import LocalKafka, free_port
+from tests.support.pgserver import PrivateServer
+from tests.support.rabbitmqnode import PrivateRabbitMQ
+from tests.support.tls import Pki, make_pki
+
+pytestmark = pytest.mark.integration
+
+BRIDGE = [sys.executable, "-m", "bridge"]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tls_postgresql(pki: Pki) -> Iterator[int]:
+    with PrivateServer(tls=(pki.server_cert, pki.server_key)) as server:
+        yield server.port
+
+
+@pytest.fixture(scope="module")
+def tls_rabbitmq(pki: Pki) -> Iterator[int]:
+    with PrivateRabbitMQ(pki.server_cert, pki.server_key) as node:
+        yield node.port
+
+
+@pytest.fixture(scope="module")
+def tls_kafka(pki: Pki) -> Iterator[int]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
+    broker_port = free_port()
+    with (
+        FaultProxy("127.0.0.1", broker_port, tls=context) as front,
+        LocalKafka(broker_port, advertised=f"localhost:{front.port}"),
+    ):
+        yield front.port
+
+
+def connection(kind: str, host: str, ca: Path, port: int, password: str) -> str:
+    """The connection line of routes.yaml for `kind`, connecting to `host` and trusting `ca`."""
+    if kind == "postgresql":
+        dsn = (
+            f"postgresql://postgres:{password}@{host}:{port}/postgres"
+            f"?sslmode=verify-full&sslrootcert={ca}"
+        )
+        return f'{{type: postgresql, dsn: "{dsn}", schema: public}}'
+    if kind == "rabbitmq":
+        url = f"amqps://guest:{password}@{host}:{port}/%2F?ssl_options={{'ca_certs':'{ca}'}}"
+        # The private node has no management API to check quorum queues' delivery limits.
+        return (
+            f'{{type: rabbitmq, url: "{url}", queue_type: classic, '
+            "validate_delivery_limits: false}"
+        )
+    return (
+        f'{{type: kafka, bootstrap_servers: "{host}:{port}", idempotence: false, '
+        f'security_protocol: SSL, ssl_cafile: "{ca}", partitions: 1}}'
+    )
+
+
+@pytest.fixture(params=["postgresql", "rabbitmq", "kafka"])
+def secure(request: pytest.FixtureRequest) -> tuple[str, int]:
+    """(kind, port) of the transport's server with TLS."""
+    kind: str = request.param
+    port: int = request.getfixturevalue(f"tls_{kind}")
+    return kind, port
+
+
+def test_messages_cross_verified_tls_both_ways(
+    tmp_path: Path, pki: Pki, secure: tuple[str, int]
+) -> None:
+    kind, port = secure
+    where = "topic" if kind == "kafka" else "queue"
+    name = f"Tls{tmp_path.name[-12:].replace('_', '')}"
+    group = f", group: bridge-{name}" if kind == "kafka" else ""
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              local: {{type: sqlite, path: "{tmp_path / "local.db"}"}}
+              secure: {connection(kind, "localhost", pki.ca, port, "guest")}
+            routes:
+              - {{name: out, from: {{connection: local, queue: Sales}},
+                  to: {{connection: secure, {where}: {name}}}}}
+              - {{name: back, from: {{connection: secure, {where}: {name}{group}}},
+                  to: {{connection: local, queue: Done}}}}
+            """
+        )
+    )
+    for command in (["install"], ["send", "local", "Sales", "--count", "3"]):
+        result = bridge(*command, "-c", str(routes))
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert bridge("check", "--connect", "-c", str(routes)).stdout.count(": OK") >= 2
+    result = bridge("run", "--until-idle", "2", "-c", str(routes))
+    assert result.returncode == 0, result.stderr
+    peek = bridge("peek", "local", "Done", "--json", "-c", str(routes))
+    assert json.loads(peek.stdout)["depth"] == 3, result.stderr
+
+
+#: What each refusal says: the host name mismatch (the certificate names only localhost) and a
+#: certificate no trusted CA signed.
+REASONS = {
+    ("postgresql", "wrong-host"): 'does not match host name "127.0.0.1"',
+    ("postgresql", "wrong-ca"): "certificate verify failed",
+    ("rabbitmq", "wrong-host"): "certificate is not valid for '127.0.0.1'",
+    ("rabbitmq", "wrong-ca"): "certificate verify failed: unable to get local issuer certificate",
+    ("kafka", "wrong-host"): "certificate is not valid for '127.0.0.1'",
+    ("kafka", "wrong-ca"): "certificate verify failed: unable to get local issuer certificate",
+}
+
+
+@pytest.mark.parametrize("case", ["wrong-host", "wrong-ca"])
+def test_a_wrong_ca_or_host_name_is_refused_never_downgraded(
+    tmp_path: Path, pki: Pki, secure: tuple[str, int], case: str
+) -> None:
+    kind, port = secure
+    host, ca = ("127.0.0.1", pki.ca) if case == "wrong-host" else ("localhost", pki.other_ca)
+    routes = write_routes(tmp_path, connection(kind, host, ca, port, SECRET), kind)
+    reason = REASONS[kind, case]
+
+    check = bridge("check", "--connect", "-c", str(routes))
+    assert check.returncode == 1, check.stdout + check.stderr
+    (failed,) = [line for line in check.stdout.splitlines() if line.startswith("refused: ")]
+    assert failed.startswith("refused: FAILED: "), failed
+    assert "no verified TLS connection" in failed and reason in failed, failed
+
+    started = time.monotonic()
+    run = bridge("run", "--until-idle", "2", "-c", str(routes), timeout=30)
+    assert run.returncode == 1, run.stderr
+    assert time.monotonic() - started < 15, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "route to-refused failed:" in line]
+    assert errors and "connection 'refused'" in errors[0] and reason in errors[0], run.stderr
+    assert SECRET not in check.stdout + check.stderr + run.stdout + run.stderr
+    peek = bridge("peek", "local", "Sales", "--json", "-c", str(routes))
+    assert json.loads(peek.stdout)["depth"] == 3  # nothing left the source
+
+
+def test_a_service_shows_the_route_failing_on_a_refused_certificate(
+    tmp_path: Path, pki: Pki, tls_postgresql: int
+) -> None:
+    """As a refused login: `failing` with the reason, not ready, retried slowly."""
+    port = free_port()
+    secure = connection("postgresql", "localhost", pki.other_ca, tls_postgresql, SECRET)
+    routes = write_routes(tmp_path, secure, "postgresql", port)
+    log = tmp_path / "bridge.log"
+    with log.open("wb") as stderr:
+        process = subprocess.Popen([*BRIDGE, "run", "-c", str(routes)], stderr=stderr)
+    try:
+        deadline = time.monotonic() + 30
+        route: dict[str, object] = {}
+        while route.get("state") != "failing" or not route.get("last_error"):
+            assert time.monotonic() < deadline, log.read_text()
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.2)
+            try:
+                route = get(port, "/routes")[1]["routes"][0]  # type: ignore[index]
+            except OSError:
+                continue
+        assert "TlsRefused" in str(route["last_error"])
+        assert "certificate verify failed" in str(route["last_error"])
+        assert get(port, "/readyz")[0] == 503
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    text = log.read_text()
+    assert "this will not go away on its own" in text
+    assert SECRET not in text
