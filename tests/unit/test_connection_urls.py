@@ -184,10 +184,23 @@ DSN_REFUSED_AT_CONNECT = [
 ]
 
 
+#: A CA to verify the server with, and an sslmode that lets libpq go on without TLS: the
+#: downgrade the bridge never makes silently.
+DSN_DOWNGRADABLE = [
+    ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem", "but no sslmode (libpq's default"),
+    ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem&sslmode=prefer", "but sslmode=prefer"),
+    ("host=db password=pa55 sslrootcert=/ca.pem sslmode=allow", "but sslmode=allow connects"),
+    ("host=db password=pa55 sslrootcert=/ca.pem sslmode=disable", "never uses TLS"),
+]
+
+
 @pytest.mark.parametrize(
     "dsn",
     [
         "postgresql://postgres@127.0.0.1:5432/test",
+        "postgresql://app@db/shop?sslmode=verify-full&sslrootcert=/ca.pem",
+        "host=db sslmode=verify-ca sslrootcert=/ca.pem",
+        "host=db sslmode=require sslrootcert=/ca.pem",  # libpq then verifies the chain
         "host=db port=5432,5433 user=app password='p a s s' sslmode=verify-full",
         "postgres://app:pa55@db/shop?connect_timeout=5&application_name=x",
         "",
@@ -198,11 +211,20 @@ def test_dsns_libpq_takes_pass(dsn: str) -> None:
     assert list(dsn_problems(dsn)) == []
 
 
-@pytest.mark.parametrize(("dsn", "said"), DSN_REFUSED + DSN_REFUSED_AT_CONNECT)
+@pytest.mark.parametrize(("dsn", "said"), DSN_REFUSED + DSN_REFUSED_AT_CONNECT + DSN_DOWNGRADABLE)
 def test_dsns_libpq_refuses_are_refused_without_the_password(dsn: str, said: str) -> None:
     (problem,) = dsn_problems(dsn)
     assert said in problem
     assert "pa55" not in problem and "pa%zz55" not in problem
+
+
+def test_pgsslmode_stands_for_a_missing_sslmode(monkeypatch: pytest.MonkeyPatch) -> None:
+    dsn = "host=db sslrootcert=/ca.pem"
+    monkeypatch.setenv("PGSSLMODE", "verify-full")
+    assert list(dsn_problems(dsn)) == []
+    monkeypatch.setenv("PGSSLMODE", "prefer")
+    (problem,) = dsn_problems(dsn)
+    assert "but PGSSLMODE=prefer connects without TLS" in problem
 
 
 def test_check_refuses_a_dsn_where_it_is_written() -> None:
