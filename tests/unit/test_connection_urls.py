@@ -42,6 +42,7 @@ AMQP_ACCEPTED = [
     "amqp://u:p@h/v?blocked_connection_timeout=60&heartbeat=",  # an empty value is ignored
     "amqp://u:p@h/v?ssl_options=None&tcp_options={'TCP_KEEPIDLE':60}",
     f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','server_hostname':'rabbit'}}",
+    f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','protocol':16}}",  # PROTOCOL_TLS_CLIENT
     "amqp://u:p@h/v?client_properties={'connection_name':'x'}",
 ]
 
@@ -75,6 +76,9 @@ AMQP_STRICTER = [
     ("amqp://u:p@h/shop/orders", "the vhost is one path segment"),  # pika: vhost 'shop'
     ("amqp://u:p@h//", "the vhost is one path segment"),  # pika: vhost ''
     (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','cert_reqs':0}}", "ignores 'cert_reqs'"),
+    # ssl.PROTOCOL_TLS (2) and PROTOCOL_TLSv1_2 (5): contexts with CERT_NONE, no host name check
+    (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','protocol':2}}", "protocol 2 makes"),
+    (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','protocol':5}}", "verifies neither"),
 ]
 
 
@@ -93,6 +97,7 @@ def test_amqp_urls_pika_refuses_are_refused_with_a_reason(url: str, said: str) -
 
 
 @pytest.mark.parametrize(("url", "said"), AMQP_STRICTER)
+@pytest.mark.filterwarnings("ignore:ssl.PROTOCOL_TLS:DeprecationWarning")  # pika takes it
 def test_amqp_urls_pika_would_misread_are_refused(url: str, said: str) -> None:
     pika.URLParameters(url)
     (problem,) = url_problems(url)
