@@ -1,14 +1,14 @@
-"""A RabbitMQ node of one's own, with a TLS listener: for the TLS tests, which must not
+"""A RabbitMQ node of one's own, with TLS listeners: for the TLS tests, which must not
 reconfigure or restart the machine's shared broker.
 
 `with PrivateRabbitMQ(certificate, key) as node:` starts `rabbitmq-server` with its own node
 name, directories (database, logs) and ports in a temporary directory: AMQP over TLS only
-(`listeners.ssl.default` on a free port of 127.0.0.1; no plain listener), Erlang distribution on
-another free port, no plugins (so no management API). The node's TLS asks clients for no
-certificate. As root it runs as the `rabbitmq` user, whose Erlang cookie it shares with the
-machine's node. `node.port` is the TLS port; the default user guest/guest may log in, since
-clients connect from loopback. Leaving the block stops the node (SIGTERM: Erlang's orderly
-stop) and removes its directory.
+(`listeners.ssl.default` on a free port of 127.0.0.1, `node.port`; no plain listener), the
+management API over https only (`node.management_port`), Erlang distribution on another free
+port of 127.0.0.1. The node's TLS asks clients for no certificate. As root it runs as the
+`rabbitmq` user, whose Erlang cookie it shares with the machine's node. The default user
+guest/guest may log in, since clients connect from loopback. Leaving the block stops the node
+(SIGTERM: Erlang's orderly stop) and removes its directory.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class PrivateRabbitMQ:
 
     def __init__(self, certificate: Path, key: Path) -> None:
         self.port = free_port()
+        self.management_port = free_port()
         self.dist_port = free_port()
         self.node = f"bridge-tls-{uuid.uuid4().hex[:8]}@localhost"
         self.dir = Path(tempfile.mkdtemp(prefix="bridge-rabbitmq-"))
@@ -54,8 +55,12 @@ class PrivateRabbitMQ:
             f"ssl_options.keyfile = {key}\n"
             "ssl_options.verify = verify_none\n"
             "ssl_options.fail_if_no_peer_cert = false\n"
+            f"management.ssl.port = {self.management_port}\n"
+            "management.ssl.ip = 127.0.0.1\n"
+            f"management.ssl.certfile = {cert}\n"
+            f"management.ssl.keyfile = {key}\n"
         )
-        (self.dir / "enabled_plugins").write_text("[].\n")
+        (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
         (self.dir / "rabbitmq-env.conf").write_text("")  # not the machine's node's
         for sub in ("mnesia", "log"):
             (self.dir / sub).mkdir()
@@ -74,6 +79,7 @@ class PrivateRabbitMQ:
             "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.dir / "log"),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
 
     def __enter__(self) -> PrivateRabbitMQ:
@@ -98,7 +104,8 @@ class PrivateRabbitMQ:
         return self
 
     def _wait(self, timeout: float) -> None:
-        """The TLS listener opens last in the node's boot: then it takes connections."""
+        """The AMQP listener opens last in the node's boot, after the management API's: then
+        it takes connections."""
         deadline = time.monotonic() + timeout
         assert self._process is not None
         while True:

@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from bridge.config.loader import parse_config
 from bridge.errors import ConfigError
 from bridge.transports.kafka.config import servers_problems
-from bridge.transports.rabbitmq.url import url_problems
+from bridge.transports.rabbitmq.url import ca_locations, url_problems
 from bridge.transports.sql.config import dsn_problems
 
 
@@ -246,3 +246,20 @@ def test_a_placeholder_dsn_is_left_to_install_print_sql() -> None:
     text = 'connections:\n  c: {type: postgresql, dsn: "${PG_DSN}"}\nroutes: []\n'
     loaded = parse_config(text, env={}, offline=True)
     assert loaded.config.connections["c"].dsn == "<unset-PG_DSN>"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("url", "found"),
+    [
+        ("amqps://u:p@h/v", {}),
+        (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}'}}", {"cafile": CA}),
+        (f"amqps://u:p@h/v?ssl_options={{'cafile':'x','ca_certs':'{CA}'}}", {"cafile": CA}),
+        ("amqps://u:p@h/v?ssl_options={'capath':'/etc/ssl/certs'}", {"capath": "/etc/ssl/certs"}),
+        ("amqp://u:p@h/v?ssl_options=None", {}),
+    ],
+)
+def test_the_management_api_trusts_the_cas_of_the_urls_ssl_options(
+    url: str, found: dict[str, str]
+) -> None:
+    """As pika reads them (`ca_certs` before `cafile`), for the API's https context."""
+    assert ca_locations(url) == found

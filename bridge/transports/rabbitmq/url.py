@@ -31,7 +31,7 @@ import ssl
 from collections.abc import Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["NUMBERS", "SSL_KEYS", "url_problems"]
+__all__ = ["NUMBERS", "SSL_KEYS", "ca_locations", "url_problems"]
 
 _FRAME_MIN, _FRAME_MAX = 4096, 131072  # pika.spec.FRAME_MIN_SIZE, FRAME_MAX_SIZE
 _CHANNELS_MAX = 65535  # pika.channel.MAX_CHANNELS
@@ -153,3 +153,19 @@ def _literal_problems(name: str, value: str, *, tls: bool) -> Iterator[str]:
                 "url option ssl_options: pika builds its own TLS context from it and needs the "
                 "CA certificates to verify the broker: give ca_certs (or cafile, capath, cadata)"
             )
+
+
+def ca_locations(url: str) -> dict[str, str]:
+    """The CA certificates the URL's `ssl_options` name, as `ssl.create_default_context` takes
+    them (`cafile`, `capath`, `cadata`), with pika's precedence (`ca_certs` before `cafile`,
+    ...); empty without any (the system's CAs). For a URL `url_problems` accepts."""
+    values = parse_qs(urlsplit(url).query).get("ssl_options")
+    options = ast.literal_eval(values[0]) if values else None
+    if not isinstance(options, dict):
+        return {}
+    found = {
+        "cafile": options.get("ca_certs") or options.get("cafile"),
+        "capath": options.get("ca_path") or options.get("capath"),
+        "cadata": options.get("ca_data") or options.get("cadata"),
+    }
+    return {key: str(value) for key, value in found.items() if value}
