@@ -371,7 +371,9 @@ def main() -> int:
     parser.add_argument("--no-many", action="store_true", help="skip the many-routes part")
     parser.add_argument("--no-throughput", action="store_true", help="skip the busy route")
     parser.add_argument("--no-overhead", action="store_true", help="skip the per-transaction cost")
-    parser.add_argument("--pg-bin", help="directory of initdb and pg_ctl (default: PATH)")
+    parser.add_argument(
+        "--pg-bin", help="directory of initdb and pg_ctl (default: PATH, else Debian's newest)"
+    )
     args = parser.parse_args()
     before, after = Path(args.before).resolve(), Path(args.after).resolve()
     for key, value in machine().items():

@@ -3,10 +3,11 @@
 For what must not touch the machine's shared server: the bench running a server out of
 connections (`bench/pool.py`), the TLS tests serving a certificate of a throwaway CA
 (`tls=(certificate, key)`: `ssl=on` with copies of both files, the key readable by the server's
-user only, as PostgreSQL requires). `initdb` and `pg_ctl` come from PATH (or `bin_dir`); run as
-root, the server runs as the `postgres` user. Its settings are initdb's defaults
-(`max_connections` 100, `superuser_reserved_connections` 3) unless given; its log is kept, so
-the connections it refused can be counted from it.
+user only, as PostgreSQL requires). `initdb` and `pg_ctl` come from `bin_dir`, else PATH, else
+the newest of Debian's /usr/lib/postgresql/N/bin; run as root, the server runs as the
+`postgres` user. Its settings are initdb's defaults (`max_connections` 100,
+`superuser_reserved_connections` 3) unless given; its log is kept, so the connections it
+refused can be counted from it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def _free_port() -> int:
         return port
 
 
+def _debian_tool(name: str) -> str | None:
+    """The newest version's `name` where Debian's packages put it, off PATH."""
+    found = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0,
+    )
+    return str(found[-1]) if found else None
+
+
 class PrivateServer:
     """`with PrivateServer() as server:` a running cluster; `server.dsn`, `server.log`."""
 
@@ -48,9 +58,9 @@ class PrivateServer:
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _tool(self, name: str) -> str:
-        found = str(self.bin / name) if self.bin else shutil.which(name)
+        found = str(self.bin / name) if self.bin else shutil.which(name) or _debian_tool(name)
         if not found:
-            raise SystemExit(f"{name} not found: put PostgreSQL's bin directory on PATH")
+            raise RuntimeError(f"{name} not found: put PostgreSQL's bin directory on PATH")
         return found
 
     def _as_owner(self, *command: str) -> None:
