@@ -22,5 +22,4 @@ What they share:
     phases.py     a route's throughput phase and latency phase
     scenarios.py  the whole `routes.py` run: legs, baselines, routes
     report.py     the tables, and medians of saved runs
-    pgserver.py   a PostgreSQL cluster of the bench's own, in a temporary directory
 """

@@ -27,9 +27,10 @@ Per transaction
     `Connection` (lease, give back, and a receive's `SET LOCAL`), against a connection of its
     own (`overhead`): the cost behind the busy route's numbers, without the route's noise.
 
-The server is a fresh cluster with initdb's defaults (`bench/pgserver.py`; as root it runs as
-`postgres`), so running it out of connections disturbs nothing else; it is removed at the end.
-The bench's own watcher and writer hold two of its connections.
+The server is a fresh cluster with initdb's defaults (`tests/support/pgserver.py`, which the
+TLS tests share; as root it runs as `postgres`), so running it out of connections disturbs
+nothing else; it is removed at the end. The bench's own watcher and writer hold two of its
+connections.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import psycopg
 
 from bench.machine import machine
 from bench.messages import unique
-from bench.pgserver import PrivateServer
+from tests.support.pgserver import PrivateServer
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -370,7 +371,9 @@ def main() -> int:
     parser.add_argument("--no-many", action="store_true", help="skip the many-routes part")
     parser.add_argument("--no-throughput", action="store_true", help="skip the busy route")
     parser.add_argument("--no-overhead", action="store_true", help="skip the per-transaction cost")
-    parser.add_argument("--pg-bin", help="directory of initdb and pg_ctl (default: PATH)")
+    parser.add_argument(
+        "--pg-bin", help="directory of initdb and pg_ctl (default: PATH, else Debian's newest)"
+    )
     args = parser.parse_args()
     before, after = Path(args.before).resolve(), Path(args.after).resolve()
     for key, value in machine().items():

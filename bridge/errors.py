@@ -17,6 +17,7 @@ __all__ = [
     "MessageRejected",
     "MessagesRejected",
     "SettleError",
+    "TlsRefused",
     "TransportError",
     "TransportUnavailable",
     "UsageError",
@@ -64,6 +65,13 @@ class AccessRefused(TransportError):
     """The server refused the login or the access: a wrong password, an unknown user, database
     or vhost, missing grants or ACLs. Retrying does not fix it: it lasts until someone changes
     the account, its rights or the config (a service keeps trying, slowly: see the runner)."""
+
+
+class TlsRefused(AccessRefused):
+    """No verified TLS connection could be made: the server's certificate is not signed by a CA
+    the connection trusts, is for another host name, or has expired; or the server does not
+    offer TLS where the connection requires it. The bridge never falls back to a connection it
+    cannot verify, and retrying does not fix it: a refusal, as a refused login is."""
 
 
 class TransportUnavailable(TransportError):

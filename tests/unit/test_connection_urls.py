@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 from bridge.config.loader import parse_config
 from bridge.errors import ConfigError
 from bridge.transports.kafka.config import servers_problems
-from bridge.transports.rabbitmq.url import url_problems
+from bridge.transports.rabbitmq.url import ca_locations, url_problems
 from bridge.transports.sql.config import dsn_problems
 
 
@@ -42,6 +42,7 @@ AMQP_ACCEPTED = [
     "amqp://u:p@h/v?blocked_connection_timeout=60&heartbeat=",  # an empty value is ignored
     "amqp://u:p@h/v?ssl_options=None&tcp_options={'TCP_KEEPIDLE':60}",
     f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','server_hostname':'rabbit'}}",
+    f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','protocol':16}}",  # PROTOCOL_TLS_CLIENT
     "amqp://u:p@h/v?client_properties={'connection_name':'x'}",
 ]
 
@@ -75,6 +76,9 @@ AMQP_STRICTER = [
     ("amqp://u:p@h/shop/orders", "the vhost is one path segment"),  # pika: vhost 'shop'
     ("amqp://u:p@h//", "the vhost is one path segment"),  # pika: vhost ''
     (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','cert_reqs':0}}", "ignores 'cert_reqs'"),
+    # ssl.PROTOCOL_TLS (2) and PROTOCOL_TLSv1_2 (5): contexts with CERT_NONE, no host name check
+    (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','protocol':2}}", "protocol 2 makes"),
+    (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}','protocol':5}}", "verifies neither"),
 ]
 
 
@@ -93,6 +97,7 @@ def test_amqp_urls_pika_refuses_are_refused_with_a_reason(url: str, said: str) -
 
 
 @pytest.mark.parametrize(("url", "said"), AMQP_STRICTER)
+@pytest.mark.filterwarnings("ignore:ssl.PROTOCOL_TLS:DeprecationWarning")  # pika takes it
 def test_amqp_urls_pika_would_misread_are_refused(url: str, said: str) -> None:
     pika.URLParameters(url)
     (problem,) = url_problems(url)
@@ -184,10 +189,23 @@ DSN_REFUSED_AT_CONNECT = [
 ]
 
 
+#: A CA to verify the server with, and an sslmode that lets libpq go on without TLS: the
+#: downgrade the bridge never makes silently.
+DSN_DOWNGRADABLE = [
+    ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem", "but no sslmode (libpq's default"),
+    ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem&sslmode=prefer", "but sslmode=prefer"),
+    ("host=db password=pa55 sslrootcert=/ca.pem sslmode=allow", "but sslmode=allow connects"),
+    ("host=db password=pa55 sslrootcert=/ca.pem sslmode=disable", "never uses TLS"),
+]
+
+
 @pytest.mark.parametrize(
     "dsn",
     [
         "postgresql://postgres@127.0.0.1:5432/test",
+        "postgresql://app@db/shop?sslmode=verify-full&sslrootcert=/ca.pem",
+        "host=db sslmode=verify-ca sslrootcert=/ca.pem",
+        "host=db sslmode=require sslrootcert=/ca.pem",  # libpq then verifies the chain
         "host=db port=5432,5433 user=app password='p a s s' sslmode=verify-full",
         "postgres://app:pa55@db/shop?connect_timeout=5&application_name=x",
         "",
@@ -198,11 +216,20 @@ def test_dsns_libpq_takes_pass(dsn: str) -> None:
     assert list(dsn_problems(dsn)) == []
 
 
-@pytest.mark.parametrize(("dsn", "said"), DSN_REFUSED + DSN_REFUSED_AT_CONNECT)
+@pytest.mark.parametrize(("dsn", "said"), DSN_REFUSED + DSN_REFUSED_AT_CONNECT + DSN_DOWNGRADABLE)
 def test_dsns_libpq_refuses_are_refused_without_the_password(dsn: str, said: str) -> None:
     (problem,) = dsn_problems(dsn)
     assert said in problem
     assert "pa55" not in problem and "pa%zz55" not in problem
+
+
+def test_pgsslmode_stands_for_a_missing_sslmode(monkeypatch: pytest.MonkeyPatch) -> None:
+    dsn = "host=db sslrootcert=/ca.pem"
+    monkeypatch.setenv("PGSSLMODE", "verify-full")
+    assert list(dsn_problems(dsn)) == []
+    monkeypatch.setenv("PGSSLMODE", "prefer")
+    (problem,) = dsn_problems(dsn)
+    assert "but PGSSLMODE=prefer connects without TLS" in problem
 
 
 def test_check_refuses_a_dsn_where_it_is_written() -> None:
@@ -219,3 +246,20 @@ def test_a_placeholder_dsn_is_left_to_install_print_sql() -> None:
     text = 'connections:\n  c: {type: postgresql, dsn: "${PG_DSN}"}\nroutes: []\n'
     loaded = parse_config(text, env={}, offline=True)
     assert loaded.config.connections["c"].dsn == "<unset-PG_DSN>"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("url", "found"),
+    [
+        ("amqps://u:p@h/v", {}),
+        (f"amqps://u:p@h/v?ssl_options={{'ca_certs':'{CA}'}}", {"cafile": CA}),
+        (f"amqps://u:p@h/v?ssl_options={{'cafile':'x','ca_certs':'{CA}'}}", {"cafile": CA}),
+        ("amqps://u:p@h/v?ssl_options={'capath':'/etc/ssl/certs'}", {"capath": "/etc/ssl/certs"}),
+        ("amqp://u:p@h/v?ssl_options=None", {}),
+    ],
+)
+def test_the_management_api_trusts_the_cas_of_the_urls_ssl_options(
+    url: str, found: dict[str, str]
+) -> None:
+    """As pika reads them (`ca_certs` before `cafile`), for the API's https context."""
+    assert ca_locations(url) == found

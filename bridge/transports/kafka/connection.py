@@ -8,7 +8,11 @@ when their group has no committed offset, fetch records up to `max_request_size`
 most `FETCH_MAX_WAIT_MS` at the broker for records to arrive.
 
 Every client is built through `client_kwargs`, which raises `ConfigError` for the rules of
-`config.py` and for certificate files that cannot be loaded.
+`config.py` and for certificate files that cannot be loaded. With `security_protocol` SSL or
+SASL_SSL the context is aiokafka's `create_ssl_context`: it verifies every broker's certificate
+chain against `ssl_cafile` (else the system's CAs) and its host name (the bootstrap entry's,
+then the one each broker advertises), which cannot be turned off; a certificate that does not
+verify is `TlsRefused` (`errors.py`).
 The password only ever goes to aiokafka; it is never part of a message or a log line.
 """
 

@@ -20,7 +20,10 @@ Refused (`AccessRefused`, not retriable): a failed SASL login (`SaslAuthenticati
 it bootstraps, aiokafka logs a broker's refusal and raises only `KafkaConnectionError("Unable
 to bootstrap from ...")`, which would be retried for ever: `translated` therefore watches the
 `aiokafka` logger for the refusals logged inside its block, and a bootstrap failure that
-followed one is that refusal.
+followed one is that refusal. So is a broker certificate that does not verify with
+`security_protocol` SSL or SASL_SSL (`ssl.SSLCertVerificationError`: not signed by `ssl_cafile`'s
+CAs, or for another host name than the one connected to): `TlsRefused`, never retried without
+verification.
 
 Everything else (unsupported codec, fenced producer, consumer stopped) is a `TransportError`
 that retrying will not fix. Errors that already are bridge errors pass through.
@@ -29,6 +32,7 @@ that retrying will not fix. Errors that already are bridge errors pass through.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -59,6 +63,7 @@ from bridge.errors import (
     AccessRefused,
     BridgeError,
     MessageRejected,
+    TlsRefused,
     TransportError,
     TransportUnavailable,
 )
@@ -102,6 +107,9 @@ REFUSED: tuple[type[BaseException], ...] = (
     DelegationTokenAuthorizationFailed,
 )
 
+#: What aiokafka logs while it bootstraps that makes its `KafkaConnectionError` a refusal.
+_LOGGED_REFUSALS: tuple[type[BaseException], ...] = (*REFUSED, ssl.SSLCertVerificationError)
+
 #: The refusals aiokafka logged inside the innermost `translated` block of this task.
 _logged_refusals: ContextVar[list[BaseException] | None] = ContextVar(
     "kafka_logged_refusals", default=None
@@ -115,7 +123,7 @@ class _RefusalWitness(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         seen = _logged_refusals.get()
         if seen is not None and isinstance(record.args, tuple):
-            seen.extend(arg for arg in record.args if isinstance(arg, REFUSED))
+            seen.extend(arg for arg in record.args if isinstance(arg, _LOGGED_REFUSALS))
         return True
 
 
@@ -144,10 +152,15 @@ def translate(
     message = f"kafka: {where}: {_detail(exc)}"
     if index is not None and isinstance(exc, _PER_MESSAGE):
         return MessageRejected(message, index=index)
+    if isinstance(exc, KafkaConnectionError) and logged:
+        exc = logged[-1]
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TlsRefused(
+            f"kafka: {where}: no verified TLS connection: certificate verify failed: "
+            f"{exc.verify_message}"
+        )
     if isinstance(exc, REFUSED):
         return AccessRefused(f"kafka: {where}: refused: {_detail(exc)}")
-    if isinstance(exc, KafkaConnectionError) and logged:
-        return AccessRefused(f"kafka: {where}: refused: {_detail(logged[-1])}")
     if isinstance(exc, _UNAVAILABLE) or getattr(exc, "retriable", False):
         return TransportUnavailable(message)
     return TransportError(message)

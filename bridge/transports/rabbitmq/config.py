@@ -9,6 +9,13 @@ a connection the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT`
 of waiting forever, and names the connection `bridge <connection> <role>` in the management UI.
 The password only ever goes to pika; messages and logs name the connection, never the URL.
 
+TLS: `amqps://` verifies the broker's certificate chain and the URL's host name, against the
+system's CAs or, for a private CA, the PEM file named by the URL's `ssl_options`:
+`amqps://user:${PASSWORD}@rabbit.example.com:5671/%2F?ssl_options={'ca_certs':'/etc/ca.pem'}`.
+The CA lives in the URL (pika's own option, checked by `url.py`) rather than in a field of its
+own, so there is one place for it. A certificate that does not verify is `TlsRefused`
+(`errors.py`), never a connection without verification.
+
 Management API: `management_url`, or by default the URL's host on port 15672 (15671 for
 `amqps`) with the URL's credentials, as NServiceBus RabbitMQ derives it. Through it the bridge
 keeps the delivery limit of quorum queues it receives from unlimited, or refuses them

@@ -36,8 +36,8 @@ When the management API cannot be read (no plugin, refused credentials) or the p
 written (the user lacks the `policymaker` tag), the queue is refused with an error saying what
 to do, as NServiceBus refuses to start: the limit cannot be known, or is 20. An API that does
 not answer, or answers with a server error, is `TransportUnavailable` (retried): a restarting
-broker stops its plugins too; refused credentials (401, 403) are `AccessRefused`, any other
-answer a `TransportError`.
+broker stops its plugins too; refused credentials (401, 403) are `AccessRefused`, an https
+API whose certificate does not verify `TlsRefused`, any other answer a `TransportError`.
 `validate_delivery_limits: false` skips all of this with a warning, as NServiceBus's
 `ValidateDeliveryLimits = false` does (BrokerVerifier.cs:119-123).
 """
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
-from bridge.errors import AccessRefused, TransportError, TransportUnavailable
+from bridge.errors import AccessRefused, TlsRefused, TransportError, TransportUnavailable
 from bridge.transports.rabbitmq.config import RabbitMQConnection
 from bridge.transports.rabbitmq.management import ManagementApi, ManagementError, curl
 
@@ -312,6 +312,9 @@ class DeliveryLimits:
         kind: type[TransportError] = TransportUnavailable if passing else TransportError
         if error.status in (401, 403):
             kind = AccessRefused
+        if error.tls_refused:
+            kind = TlsRefused
+            problem = "could not be reached safely"
         return kind(
             f"{self._where}: cannot check the delivery limit of quorum queue {queue!r}: the "
             f"RabbitMQ management API at {self._api.address} {problem} ({error}); {_REMEDY}. "

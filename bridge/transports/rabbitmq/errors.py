@@ -13,7 +13,10 @@ Refused (`AccessRefused`, not retriable): a refused login (`ProbableAuthenticati
 403 ACCESS_REFUSED to a wrong password or an unknown user, `AuthenticationError`), a vhost that
 does not exist or that the user may not use (`ProbableAccessDeniedError`, or the connection
 closed with 530 NOT_ALLOWED), and 403 ACCESS_REFUSED on a channel (no configure, write or read
-permission on a queue or exchange).
+permission on a queue or exchange). An `amqps://` connection whose broker certificate does not
+verify (`ssl.SSLCertVerificationError` inside pika's connection-workflow failure: not signed
+by the CAs the connection trusts, or for another host name than the URL's) is `TlsRefused`:
+pika never retries without verification, and neither does the bridge.
 
 Not retriable (`TransportError`): 404 NOT_FOUND (a queue or exchange is missing: run `bridge
 install`), 406 PRECONDITION_FAILED (a queue exists with other arguments), and the other
@@ -31,6 +34,7 @@ passwords. Errors that already are bridge errors pass through unchanged.
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -41,6 +45,7 @@ from bridge.errors import (
     AccessRefused,
     BridgeError,
     MessageRejected,
+    TlsRefused,
     TransportError,
     TransportUnavailable,
 )
@@ -158,6 +163,12 @@ def _translate(exc: BaseException, where: str, index: int | None) -> BridgeError
     message = f"{where}: {_detail(exc)}"
     if index is not None and isinstance(exc, _PER_MESSAGE):
         return MessageRejected(message, index=index)
+    cause = exc if isinstance(exc, ssl.SSLError) else _connect_failure(exc)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return TlsRefused(
+            f"{where}: no verified TLS connection: certificate verify failed: "
+            f"{cause.verify_message}"
+        )
     if isinstance(exc, _LOGIN_REFUSED):
         return AccessRefused(f"{where}: the broker refused the connection: {_detail(exc)}")
     if isinstance(exc, amqp.ChannelClosed | amqp.ConnectionClosed):

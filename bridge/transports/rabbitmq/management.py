@@ -4,10 +4,13 @@ Where: `management_url` when the connection sets one, else derived from the AMQP
 NServiceBus RabbitMQ derives it: `http://<host>:15672/`, or `https://<host>:15671/` for
 `amqps://`. Credentials: the user and password in `management_url`, else the AMQP URL's. The
 vhost is the AMQP URL's. Requests are plain HTTP with basic authentication, run on a worker
-thread (`asyncio.to_thread`) so the event loop never waits on a socket.
+thread (`asyncio.to_thread`) so the event loop never waits on a socket. Over `https` the API's
+certificate chain and host name are verified against the broker's CAs: those the AMQP URL's
+`ssl_options` name (`ca_certs`, ...), else the system's.
 
 Errors: every failure is a `ManagementError` carrying the HTTP status (None when nothing
-answered) and a text that names the API's address without its credentials. The caller
+answered), whether TLS refused the API's certificate (`tls_refused`), and a text that names
+the API's address without its credentials. The caller
 (`delivery_limit.py`) turns it into the transport error that says what to do.
 
 Printed: `curl` writes one request to the API as a `curl` command a shell runs as printed
@@ -30,6 +33,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bridge.errors import ConfigError
 from bridge.transports.rabbitmq.config import CONNECT_TIMEOUT, RabbitMQConnection
+from bridge.transports.rabbitmq.url import ca_locations
 
 __all__ = ["HTTPS_PORT", "HTTP_PORT", "ManagementApi", "ManagementError", "curl", "endpoint"]
 
@@ -41,9 +45,10 @@ HTTPS_PORT = 15671
 class ManagementError(Exception):
     """A management API request failed; `status` is the HTTP status, None if none came."""
 
-    def __init__(self, message: str, status: int | None) -> None:
+    def __init__(self, message: str, status: int | None, *, tls_refused: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.tls_refused = tls_refused
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,17 @@ class ManagementApi:
         token = f"{self.endpoint.username}:{self.endpoint.password}".encode()
         self._authorization = "Basic " + base64.b64encode(token).decode("ascii")
         self._vhost = quote(self.endpoint.vhost, safe="")
+        self._context: ssl.SSLContext | None = None
+        if self.endpoint.base.startswith("https:"):
+            try:
+                cas = ca_locations(config.url)
+                self._context = ssl.create_default_context(
+                    cafile=cas.get("cafile"), capath=cas.get("capath"), cadata=cas.get("cadata")
+                )
+            except OSError as exc:  # ssl.SSLError included
+                raise ConfigError(
+                    f"url ssl_options: cannot load the CA certificates: {exc}"
+                ) from None
 
     @property
     def address(self) -> str:
@@ -151,11 +167,10 @@ class ManagementApi:
         request.add_header("Authorization", self._authorization)
         if data is not None:
             request.add_header("Content-Type", "application/json")
-        context = ssl.create_default_context() if url.startswith("https:") else None
         where = f"{method} {self.endpoint.base}{path}"
         try:
             with urllib.request.urlopen(  # noqa: S310 (http or https, as above)
-                request, timeout=CONNECT_TIMEOUT, context=context
+                request, timeout=CONNECT_TIMEOUT, context=self._context
             ) as got:
                 text = got.read()
         except urllib.error.HTTPError as exc:
@@ -163,6 +178,13 @@ class ManagementApi:
             raise ManagementError(f"{where}: HTTP {exc.code} {reason}", exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             cause = getattr(exc, "reason", exc)
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                raise ManagementError(
+                    f"{where}: no verified TLS connection: certificate verify failed: "
+                    f"{cause.verify_message}",
+                    None,
+                    tls_refused=True,
+                ) from None
             raise ManagementError(f"{where}: no answer: {cause}", None) from None
         if not text:
             return None

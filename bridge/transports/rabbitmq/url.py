@@ -16,7 +16,9 @@ pika 1.3 (`pika/connection.py`, `URLParameters` and the `Parameters` setters) do
   (`ast.literal_eval`): a dict, or None (`ssl_options=None` only with `amqp://`). Of
   `ssl_options` pika reads only the keys in `SSL_KEYS` and ignores the rest silently, so the
   bridge refuses the rest, and it needs the CA certificates in it (`ca_certs` or another key
-  of `_CA_KEYS`).
+  of `_CA_KEYS`). Its `protocol` is the `ssl.SSLContext` protocol pika builds the context
+  with: any but `PROTOCOL_TLS_CLIENT` (16, pika's default) makes a context that verifies
+  neither the broker's certificate nor its host name, so the bridge refuses it.
 
 Messages quote numbers and option names, never a literal's text: `ssl_options` may hold a
 certificate's password.
@@ -25,10 +27,11 @@ certificate's password.
 from __future__ import annotations
 
 import ast
+import ssl
 from collections.abc import Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["NUMBERS", "SSL_KEYS", "url_problems"]
+__all__ = ["NUMBERS", "SSL_KEYS", "ca_locations", "url_problems"]
 
 _FRAME_MIN, _FRAME_MAX = 4096, 131072  # pika.spec.FRAME_MIN_SIZE, FRAME_MAX_SIZE
 _CHANNELS_MAX = 65535  # pika.channel.MAX_CHANNELS
@@ -49,6 +52,8 @@ _OPTIONS = (*NUMBERS, *_LITERALS, "locale")
 #: The `ssl_options` keys that name the CA certificates; pika refuses an `ssl_options` without
 #: one (`SSLContext.load_verify_locations` with nothing to load raises TypeError).
 _CA_KEYS = ("ca_certs", "cafile", "ca_path", "capath", "ca_data", "cadata")
+#: The one `ssl_options` protocol whose context verifies the broker (and pika's default).
+_VERIFYING_PROTOCOL = int(ssl.PROTOCOL_TLS_CLIENT)
 #: The `ssl_options` keys pika uses (`URLParameters._set_url_ssl_options`).
 SSL_KEYS = (
     "protocol",
@@ -136,8 +141,31 @@ def _literal_problems(name: str, value: str, *, tls: bool) -> Iterator[str]:
                 f"url option ssl_options: pika ignores {', '.join(map(repr, unknown))}; it reads "
                 f"only {', '.join(SSL_KEYS)}"
             )
+        protocol = parsed.get("protocol")
+        if protocol is not None and protocol != _VERIFYING_PROTOCOL:
+            yield (
+                f"url option ssl_options: protocol {protocol!r} makes a TLS context that verifies "
+                f"neither the broker's certificate nor its host name (only "
+                f"ssl.PROTOCOL_TLS_CLIENT, {_VERIFYING_PROTOCOL}, does): leave protocol out"
+            )
         if not any(parsed.get(key) for key in _CA_KEYS):
             yield (
                 "url option ssl_options: pika builds its own TLS context from it and needs the "
                 "CA certificates to verify the broker: give ca_certs (or cafile, capath, cadata)"
             )
+
+
+def ca_locations(url: str) -> dict[str, str]:
+    """The CA certificates the URL's `ssl_options` name, as `ssl.create_default_context` takes
+    them (`cafile`, `capath`, `cadata`), with pika's precedence (`ca_certs` before `cafile`,
+    ...); empty without any (the system's CAs). For a URL `url_problems` accepts."""
+    values = parse_qs(urlsplit(url).query).get("ssl_options")
+    options = ast.literal_eval(values[0]) if values else None
+    if not isinstance(options, dict):
+        return {}
+    found = {
+        "cafile": options.get("ca_certs") or options.get("cafile"),
+        "capath": options.get("ca_path") or options.get("capath"),
+        "cadata": options.get("ca_data") or options.get("cadata"),
+    }
+    return {key: str(value) for key, value in found.items() if value}

@@ -11,6 +11,7 @@ and a PostgreSQL DSN libpq would refuse (`dsn_problems`, with psycopg when it is
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from typing import Literal
@@ -162,6 +163,31 @@ def dsn_problems(dsn: str) -> Iterator[str]:
     sslmode = options.get("sslmode")
     if sslmode is not None and sslmode not in _SSLMODES:
         yield f"dsn: sslmode {sslmode!r} is not one of {', '.join(_SSLMODES)}"
+    elif options.get("sslrootcert"):
+        yield from _downgrade_problems(sslmode)
+
+
+#: sslmodes under which libpq connects without TLS when the server does not offer it.
+_DOWNGRADING = ("disable", "allow", "prefer")
+
+
+def _downgrade_problems(sslmode: str | None) -> Iterator[str]:
+    """A DSN that names the CA to verify the server with, and lets libpq go on without TLS."""
+    said = f"sslmode={sslmode}" if sslmode else None
+    if sslmode is None:
+        environ = os.environ.get("PGSSLMODE")  # libpq's default for a DSN without sslmode
+        sslmode = environ or "prefer"
+        said = f"PGSSLMODE={environ}" if environ else "no sslmode (libpq's default: prefer)"
+    if sslmode in _DOWNGRADING:
+        does = (
+            "never uses TLS"
+            if sslmode == "disable"
+            else ("connects without TLS to a server that does not offer it")
+        )
+        yield (
+            f"dsn: sslrootcert names a CA to verify the server with, but {said} {does}: write "
+            "sslmode=verify-full (verify-ca does not check the host name)"
+        )
 
 
 #: A `password=` value and the word after it (part of the password when it has an unquoted

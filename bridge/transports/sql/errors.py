@@ -7,8 +7,9 @@ dialect's docstring lists which) is `MessageRejected` without an index (with one
 caller names the message): in a sink's insert it is one message the destination can never
 take, and the runner sends the batch one by one to find it. A refused login or access (wrong
 password, unknown user or database, missing grants) is `AccessRefused`, whatever else the
-driver says about the connection. Everything else a driver raises (a missing table) is a
-`TransportError`: retrying will not help.
+driver says about the connection, and a server certificate that does not verify (or a server
+without TLS where the DSN requires it) is `TlsRefused`. Everything else a driver raises (a
+missing table) is a `TransportError`: retrying will not help.
 
 Which is which is data in each dialect module (`classify`: codes and SQLSTATE classes), which
 returns None for an exception that is not its driver's, so programming errors keep their own
@@ -26,6 +27,7 @@ from bridge.errors import (
     AccessRefused,
     BridgeError,
     MessageRejected,
+    TlsRefused,
     TransportError,
     TransportUnavailable,
 )
@@ -41,6 +43,7 @@ class Failure:
     rejected: bool = False  # a value refused for good: one message the table cannot take
     text: str | None = None  # what to say instead of str(exc) (never a server's DETAIL)
     refused: bool = False  # the login or the access was refused: permanent, whatever else
+    tls_refused: bool = False  # no verified TLS connection: permanent, whatever else
 
 
 #: A dialect's classification: None for an exception that is not its driver's.
@@ -58,6 +61,8 @@ def translate(
     if failure is None:
         return None
     text = " ".join((failure.text or str(exc)).split()) or type(exc).__name__
+    if failure.tls_refused:
+        return TlsRefused(f"{where}: no verified TLS connection: {text}")
     if failure.refused:
         return AccessRefused(f"{where}: access refused: {text}")
     if failure.retriable:

@@ -40,7 +40,11 @@ Errors
     in psycopg (libpq has no result to take it from), so it is recognised by the server's
     message, as PostgreSQL and PgBouncer write it in English (`REFUSED_AT_CONNECT`); a server
     with another `lc_messages` is recognised for what libpq itself says (no password supplied)
-    and otherwise retried as an unreachable server.
+    and otherwise retried as an unreachable server. A connection whose TLS libpq refuses
+    (`TLS_REFUSED_AT_CONNECT`: with `sslmode=verify-ca` or `verify-full`, a certificate not signed
+    by `sslrootcert`'s CAs, or, with `verify-full`, for another host name; a missing
+    `sslrootcert`; a server without TLS where `sslmode` requires it) is `TlsRefused`: libpq
+    never falls back to an unverified connection, and neither does retrying.
 """
 
 from __future__ import annotations
@@ -93,6 +97,19 @@ REFUSED_AT_CONNECT = re.compile(
     re.IGNORECASE,
 )
 
+#: What libpq itself says when it refuses a connection's TLS (src/interfaces/libpq/
+#: fe-secure-openssl.c: "certificate verify failed" from OpenSSL, 'server certificate for "x"
+#: does not match host name "y"' (also "(and N other names)"), "could not get server's host
+#: name from server certificate", 'root certificate file "x" does not exist'; fe-connect.c:
+#: "server does not support SSL, but SSL was required"). libpq's own words are not translated
+#: by the server's `lc_messages`.
+TLS_REFUSED_AT_CONNECT = re.compile(
+    r"certificate verify failed|server certificate for .* does not match host name"
+    r"|could not get server's host name from server certificate"
+    r'|root certificate file ".*" does not exist|server does not support SSL, but SSL was required',
+    re.IGNORECASE,
+)
+
 #: max_connections; the connections kept for superusers (and, from PostgreSQL 16, for roles
 #: granted pg_use_reserved_connections); the client connections other than this one and those
 #: of its application name (the bridge's own, of a service already running this config).
@@ -117,16 +134,18 @@ def classify(exc: BaseException) -> Failure | None:
     state = exc.sqlstate
     if state is None:  # raised by the client: connect failed, connection closed or broken
         refused = REFUSED_AT_CONNECT.search(str(exc)) is not None
+        tls_refused = TLS_REFUSED_AT_CONNECT.search(str(exc)) is not None
         retriable = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
     else:
         refused = state[:2] in REFUSED_CLASSES or state in REFUSED_STATES
+        tls_refused = False
         retriable = state[:2] in RETRIABLE_CLASSES or state in RETRIABLE_STATES
     # DataError without a state: refused by psycopg itself (a NUL character in text).
     rejected = isinstance(exc, psycopg.DataError) or (state or "")[:2] in REJECTED_CLASSES
     # The server's DETAIL can quote a failing row (message headers and body): keep it out.
     primary = exc.diag.message_primary if state is not None else None
     text = f"{primary} (SQLSTATE {state})" if primary else None
-    return Failure(retriable, rejected, text, refused=refused)
+    return Failure(retriable, rejected, text, refused=refused, tls_refused=tls_refused)
 
 
 class PostgresDialect(Dialect):

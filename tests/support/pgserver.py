@@ -1,10 +1,13 @@
-"""A PostgreSQL server of the bench's own: a fresh cluster in a temporary directory.
+"""A PostgreSQL server of one's own: a fresh cluster in a temporary directory.
 
-For measurements that must run a server out of connections (`pool.py`): on a server of their
-own they cannot disturb anything else using the machine's. `initdb` and `pg_ctl` come from
-PATH (or `--pg-bin`); run as root, the server runs as the `postgres` user. Its settings are
-initdb's defaults (`max_connections` 100, `superuser_reserved_connections` 3) unless given;
-its log is kept, so the connections it refused can be counted from it.
+For what must not touch the machine's shared server: the bench running a server out of
+connections (`bench/pool.py`), the TLS tests serving a certificate of a throwaway CA
+(`tls=(certificate, key)`: `ssl=on` with copies of both files, the key readable by the server's
+user only, as PostgreSQL requires). `initdb` and `pg_ctl` come from `bin_dir`, else PATH, else
+the newest of Debian's /usr/lib/postgresql/N/bin; run as root, the server runs as the
+`postgres` user. Its settings are initdb's defaults (`max_connections` 100,
+`superuser_reserved_connections` 3) unless given; its log is kept, so the connections it
+refused can be counted from it.
 """
 
 from __future__ import annotations
@@ -30,31 +33,59 @@ def _free_port() -> int:
         return port
 
 
+def _debian_tool(name: str) -> str | None:
+    """The newest version's `name` where Debian's packages put it, off PATH."""
+    found = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0,
+    )
+    return str(found[-1]) if found else None
+
+
 class PrivateServer:
     """`with PrivateServer() as server:` a running cluster; `server.dsn`, `server.log`."""
 
-    def __init__(self, bin_dir: str | None = None, **settings: str) -> None:
+    def __init__(
+        self, bin_dir: str | None = None, *, tls: tuple[Path, Path] | None = None, **settings: str
+    ) -> None:
         self.bin = Path(bin_dir) if bin_dir else None
         self.settings = settings
+        self.tls = tls
         self.port = _free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="bridge-bench-pg-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="bridge-pg-"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _tool(self, name: str) -> str:
-        found = str(self.bin / name) if self.bin else shutil.which(name)
+        found = str(self.bin / name) if self.bin else shutil.which(name) or _debian_tool(name)
         if not found:
-            raise SystemExit(f"{name} not found: put PostgreSQL's bin directory on PATH")
+            raise RuntimeError(f"{name} not found: put PostgreSQL's bin directory on PATH")
         return found
 
     def _as_owner(self, *command: str) -> None:
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         subprocess.run([*prefix, *command], check=True, capture_output=True)
 
+    def _serve_tls(self, certificate: Path, key: Path) -> None:
+        cert_copy, key_copy = self.dir / "server.crt", self.dir / "server.key"
+        shutil.copyfile(certificate, cert_copy)
+        key_copy.touch(mode=0o600)
+        key_copy.write_bytes(key.read_bytes())
+        if os.geteuid() == 0:
+            for path in (cert_copy, key_copy):
+                shutil.chown(path, "postgres")
+        self.settings |= {
+            "ssl": "on",
+            "ssl_cert_file": str(cert_copy),
+            "ssl_key_file": str(key_copy),
+        }
+
     def __enter__(self) -> PrivateServer:
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres")
+        if self.tls is not None:
+            self._serve_tls(*self.tls)
         self._as_owner(self._tool("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust")
         options = " ".join(
             [f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.dir}"]
