@@ -10,10 +10,13 @@ quoted names, and these changes:
   `to_endpoint` is the table's own (NGinn forwards the others), and outputs them.
 - The send is `InsertMessageBatch_InsertSql` for one row, `subqueue` 'I' and `retry_time`
   getdate() (no delivery time, no high priority), `error_info` a parameter (an error-queue
-  copy carries its exception message there).
+  copy carries its exception message there), without its `with(rowlock)` hint (an insert
+  locks only its row anyway).
 - A failed row is `MarkMessageFailed` with subqueue 'F', on a row this receive marked 'X'.
 - The mover and the cleanup are `MoveScheduledMessagesToInputQueue` and
-  `CleanupProcessedMessages` with NGinn's retention (12 h, SqlMessageTransport2.cs:228).
+  `CleanupProcessedMessages` with NGinn's retention (12 h, SqlMessageTransport2.cs:228),
+  their `update top (n) ... with(READPAST)` written as the same update of a `TOP (n) ...
+  WITH (READPAST)` common table expression (the form the receive has too).
 - Parameters are bound by a `DECLARE ... = ?` line, as in `tsql`.
 
 PostgreSQL and SQLite (NGinn has no script for either) get the same columns and index in their
@@ -245,7 +248,7 @@ def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
             "@error_info nvarchar(max) = ?, @msg_body nvarchar(max) = ?, "
             "@correl_id varchar(100) = ?, @label varchar(100) = ?, "
             "@headers nvarchar(max) = ?, @unique_id varchar(40) = ?;\n"
-            f"INSERT INTO {t} with(rowlock) ([from_endpoint], [to_endpoint],[subqueue],"
+            f"INSERT INTO {t} ([from_endpoint], [to_endpoint],[subqueue],"
             "[insert_time],[last_processed],[retry_count],[retry_time],[error_info],[msg_text],"
             "[correlation_id],[label], [msg_headers], [unique_id]) VALUES (@from_endpoint, "
             "@to_endpoint, 'I', getdate(), null, 0, getdate(), @error_info, @msg_body, "
@@ -269,11 +272,14 @@ def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
             "< CONVERT(varchar(19), getdate(), 120)"
         ),
         mover=(
-            f"update top ({MOVER_ROWS}) {t} with(READPAST) set subqueue='I' "
-            "where subqueue='R' and retry_time <= getdate()"
+            f"WITH due AS (SELECT TOP ({MOVER_ROWS}) * FROM {t} WITH (READPAST)\n"
+            "  where subqueue='R' and retry_time <= getdate())\n"
+            "UPDATE due SET subqueue='I'"
         ),
         cleanup=(
-            f"delete top({CLEANUP_ROWS}) {t} with(READPAST) "
-            f"where retry_time <= DATEADD(hour, -{RETENTION_HOURS}, getdate()) and subqueue='X'"
+            f"WITH done AS (SELECT TOP ({CLEANUP_ROWS}) * FROM {t} WITH (READPAST)\n"
+            f"  where retry_time <= DATEADD(hour, -{RETENTION_HOURS}, getdate()) "
+            "and subqueue='X')\n"
+            "DELETE FROM done"
         ),
     )
