@@ -145,15 +145,21 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
         ttl_at = "instr(msg_headers, '_NG-TTL=')"
         now_text = f"strftime('%Y-%m-%d %H:%M:%S', {now})"
         retention = f"strftime('%Y-%m-%d %H:%M:%f', {now}, '-{RETENTION_HOURS} hours')"
-    returned = _RETURNED.replace("msg_text", d.read_text("msg_text")).replace(
-        "msg_headers", d.read_text("msg_headers")
+    a = "q." if pg else ""  # SQLite's RETURNING takes no alias
+    q, qt = (f"{tp} AS q", f"{t} AS q") if pg else (tp, t)  # qt: in statements without params
+    returned = ", ".join(
+        d.read_text(f"{a}{c}") if c in ("msg_text", "msg_headers") else f"{a}{c}"
+        for c in _RETURNED.split(", ")
     )
+    receive_where = f"{mine}\n  ORDER BY retry_time, id LIMIT {p}{lock}"
+    mover_where = f"subqueue = 'R' AND retry_time <= {now} LIMIT {MOVER_ROWS}{lock}"
+    cleanup_where = f"retry_time <= {retention} AND subqueue = 'X' LIMIT {CLEANUP_ROWS}{lock}"
     return NGinnStatements(
         create=create,
         receive=(
-            f"UPDATE {tp} SET subqueue = 'X', last_processed = {now}\n"
-            f"WHERE id IN (SELECT id FROM {tp} WHERE {mine}\n"
-            f"  ORDER BY retry_time, id LIMIT {p}{lock}) AND subqueue = 'I'\n"
+            f"{_taking(tp, receive_where, pg)}"
+            f"UPDATE {q} SET subqueue = 'X', last_processed = {now}\n"
+            f"{_taken(tp, receive_where, pg)} AND {a}subqueue = 'I'\n"
             f"RETURNING {returned}, {now}"
         ),
         send=(
@@ -172,14 +178,28 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"  AND substr(msg_headers, {ttl_at} + 8, 19) < {now_text}"
         ),
         mover=(
-            f"UPDATE {t} SET subqueue = 'I' WHERE id IN (SELECT id FROM {t}\n"
-            f"  WHERE subqueue = 'R' AND retry_time <= {now} LIMIT {MOVER_ROWS}{lock})"
+            f"{_taking(t, mover_where, pg)}UPDATE {qt} SET subqueue = 'I'\n"
+            f"{_taken(t, mover_where, pg)}"
         ),
         cleanup=(
-            f"DELETE FROM {t} WHERE id IN (SELECT id FROM {t}\n"
-            f"  WHERE retry_time <= {retention} AND subqueue = 'X' LIMIT {CLEANUP_ROWS}{lock})"
+            f"{_taking(t, cleanup_where, pg)}DELETE FROM {qt}\n"
+            + ("USING taken WHERE q.id = taken.id" if pg else _taken(t, cleanup_where, pg))
         ),
     )
+
+
+def _taking(table: str, where: str, pg: bool) -> str:
+    """PostgreSQL: the rows to take, locked and materialized once. As `id IN (SELECT ...
+    LIMIT n FOR UPDATE SKIP LOCKED)` the planner may rescan the subquery for every row (a
+    nested-loop semi-join), and each rescan skips the rows the statement already changed, so
+    it took every row, not n."""
+    return f"WITH taken AS MATERIALIZED (SELECT id FROM {table} WHERE {where})\n" if pg else ""
+
+
+def _taken(table: str, where: str, pg: bool) -> str:
+    if pg:
+        return "FROM taken WHERE q.id = taken.id"
+    return f"WHERE id IN (SELECT id FROM {table} WHERE {where})"
 
 
 def create_sqlserver(table: str, name: str, catalog: str | None) -> str:
