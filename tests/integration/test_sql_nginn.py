@@ -290,3 +290,24 @@ async def test_install_prints_the_table_and_its_index(db: Db, bridge: Transport)
     assert f"IDX_{db.table}_subqueue_retry_time" in printed[1]
     assert await bridge.check([db.table]) == []
     assert isinstance(bridge.dialect.layout, NGinnLayout)
+
+
+async def test_names_with_quotes_and_percent_signs_work_in_every_statement(db: Db) -> None:
+    table = 'Or"d%ers'
+    transport = db.transport(types=TYPES, retries=True)
+    await transport.install([table])
+    nginn = db.nginn(table)
+    nginn.send("{}", deliver_at=nginn.now())
+    sink = transport.sink(table)
+    await sink.send(
+        [Envelope(Headers([("NServiceBus.EnclosedMessageTypes", "Sales.OrderPlaced")]), b"{}")]
+    )
+    await sink.close()
+    assert (await transport.peek(table)).depth == 1
+    source = transport.source(table)
+    batch = await receive(source)  # after the mover: the R row is due
+    assert len(batch.messages) == 2
+    await batch.commit()
+    await source.close()
+    await transport.close()
+    assert [r["subqueue"] for r in nginn.rows()] == ["X", "X"]

@@ -116,9 +116,10 @@ class NGinn:
         self.endpoint = f"sql://{alias}/{table}"
 
     def quoted(self, table: str | None = None) -> str:
-        name = '"' + (table or self.table) + '"'
+        """The table's quoted name, fit for statements with parameters (psycopg's `%%`)."""
+        name = '"' + (table or self.table).replace('"', '""') + '"'
         if self.kind == "postgresql":
-            return f'"{self.where.split("|")[1]}".{name}'
+            return f'"{self.where.split("|")[1]}".{name}'.replace("%", "%%")
         return name
 
     def now(self) -> datetime:
@@ -233,7 +234,7 @@ class NGinn:
     def rows(self, table: str | None = None) -> list[dict[str, Any]]:
         """Every row of the table, by id, as a dictionary of its columns."""
         with self.connection() as db:
-            cursor = db.execute(f"SELECT * FROM {self.quoted(table)} ORDER BY id")
+            cursor = db.execute(f"SELECT * FROM {self.quoted(table)} ORDER BY id", ())
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
