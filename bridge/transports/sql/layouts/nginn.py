@@ -40,10 +40,10 @@ from bridge.transports.sql.layouts.nginn_rows import (
     NGinnRow,
     OutgoingNGinnRow,
     RowMapping,
-    local_now,
     local_text,
+    utc_to_local,
 )
-from bridge.transports.sql.layouts.nginn_sql import SQLITE_NOW, NGinnStatements, statements
+from bridge.transports.sql.layouts.nginn_sql import SQLITE_LOCAL, NGinnStatements, statements
 
 __all__ = ["NGinnLayout"]
 
@@ -98,7 +98,9 @@ class NGinnLayout(Layout):
     def on_connect(self, db: DbConnection) -> None:
         if isinstance(db, sqlite3.Connection):
             zone = self.mapping.zone
-            db.create_function(SQLITE_NOW, 0, lambda: local_text(local_now(zone)))
+            db.create_function(
+                SQLITE_LOCAL, 1, lambda utc: local_text(utc_to_local(utc, zone)), deterministic=True
+            )
 
     def housekeeping(self, name: str) -> tuple[str, ...]:
         if not self.options.retries:

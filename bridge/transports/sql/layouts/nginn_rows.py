@@ -39,10 +39,10 @@ __all__ = [
     "OutgoingNGinnRow",
     "RowMapping",
     "format_headers",
-    "local_now",
     "local_text",
     "parse_headers",
     "parse_local",
+    "utc_to_local",
 ]
 
 log = logging.getLogger(__name__)
@@ -409,6 +409,6 @@ def _table_of(address: str) -> str:
     return address
 
 
-def local_now(zone: ZoneInfo) -> datetime:
-    """The current local time in `zone`, naive (what NGinn's `DateTime.Now` would be there)."""
-    return datetime.now(zone).replace(tzinfo=None)
+def utc_to_local(utc: str, zone: ZoneInfo) -> datetime:
+    """A UTC time as SQLite writes it (`YYYY-MM-DD HH:MM:SS.SSS`) as naive local time in `zone`."""
+    return datetime.fromisoformat(utc).replace(tzinfo=UTC).astimezone(zone).replace(tzinfo=None)

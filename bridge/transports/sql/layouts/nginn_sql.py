@@ -24,7 +24,9 @@ own types: `bigint` identity and `timestamp` (PostgreSQL), `INTEGER PRIMARY KEY 
 and `YYYY-MM-DD HH:MM:SS.fff` text (SQLite), and the same statements, taking rows with
 `FOR UPDATE SKIP LOCKED` (PostgreSQL) or under SQLite's one writer. Every time is the local
 time of `nginn.timezone`: PostgreSQL's `now() AT TIME ZONE '<zone>'`, SQL Server's `GETDATE()`
-(the server's own clock), SQLite's `nginn_now()`, which the layout defines on each connection.
+(the server's own clock), SQLite's `nginn_local(<SQLite's UTC 'now'>)`, a function the layout
+defines on each connection (SQLite's 'now' is one value within a statement, so a row's
+`insert_time` and `retry_time` are equal, as they are on the other databases).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from dataclasses import dataclass
 from bridge.transports.sql.dialects import tsql
 from bridge.transports.sql.dialects.base import Dialect
 
-__all__ = ["SQLITE_NOW", "NGinnStatements", "statements"]
+__all__ = ["SQLITE_LOCAL", "NGinnStatements", "statements"]
 
-#: The SQLite function that returns the local time of `nginn.timezone` (`local_text` format).
-SQLITE_NOW = "nginn_now"
+#: The SQLite function that turns a UTC time into the local time of `nginn.timezone`
+#: (`local_text` format).
+SQLITE_LOCAL = "nginn_local"
 #: What NGinn's cleanup and mover take per statement (NamedQueries.sqlserver.json:14, 16).
 CLEANUP_ROWS, MOVER_ROWS = 10_000, 1_000
 RETENTION_HOURS = 12
@@ -91,7 +94,11 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
     t = d.table(name)
     tp = d.param_safe(t)
     p = d.placeholder
-    now = f"(now() AT TIME ZONE '{zone}')" if pg else f"{SQLITE_NOW}()"
+    now = (
+        f"(now() AT TIME ZONE '{zone}')"
+        if pg
+        else f"{SQLITE_LOCAL}(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+    )
     lock = " FOR UPDATE SKIP LOCKED" if pg else ""
     mine = f"subqueue = 'I' AND lower(to_endpoint) = lower({p})"
     if pg:
