@@ -107,6 +107,7 @@ class Supervisor:
             metrics=self.metrics.for_route(route.name),
             probe=self._probe(route),
             rules=RouteRules(route, self.registry),
+            keeps_failed=self.config.error_queue_of(route) is None,
         )
 
     def _probe(self, route: Route) -> Probe:

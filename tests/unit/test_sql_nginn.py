@@ -17,6 +17,7 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
+from bridge.commands import addresses
 from bridge.config.loader import parse_config
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
@@ -467,3 +468,26 @@ def test_bad_settings_are_named_at_their_place(
         check(nginn_yaml, layout)
     assert str(info.value).startswith(f"routes.yaml:{where}: "), str(info.value)
     assert message in str(info.value)
+
+
+def test_an_nginn_source_keeps_failures_in_f_unless_its_route_names_an_error_queue() -> None:
+    text = textwrap.dedent(
+        """\
+        connections:
+          legacy: {type: sqlite, path: ./a.db, layout: nginn, nginn: {timezone: UTC}}
+          shop: {type: sqlite, path: ./b.db}
+        routes:
+          - {name: a, from: {connection: legacy, queue: Orders}, to: {connection: shop, queue: O}}
+          - {name: b, from: {connection: legacy, queue: Bills}, to: {connection: shop, queue: B},
+             error_queue: Poison}
+          - {name: c, from: {connection: shop, queue: Back}, to: {connection: legacy, queue: In}}
+        """
+    )
+    config = parse_config(text, "routes.yaml", {}).config
+    a, b, c = config.routes
+    assert [config.error_queue_of(r) for r in (a, b, c)] == [None, "Poison", "bridge.error"]
+    made = addresses(config, installing=True)
+    assert made == {
+        "legacy": ["Orders", "Bills", "Poison", "In"],
+        "shop": ["O", "B", "Back", "bridge.error"],
+    }
