@@ -11,6 +11,7 @@ import json
 import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -491,3 +492,13 @@ def test_an_nginn_source_keeps_failures_in_f_unless_its_route_names_an_error_que
         "legacy": ["Orders", "Bills", "Poison", "In"],
         "shop": ["O", "B", "Back", "bridge.error"],
     }
+
+
+def test_the_readmes_example_is_valid() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## NGinn.MessageBus tables", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = parse_config(example, "README.md", {"LEGACY_ODBC": "Driver=x"}).config
+    legacy = config.connections["legacy"]
+    assert isinstance(legacy, SqlServerConnection) and legacy.layout == "nginn"
+    assert legacy.nginn is not None and legacy.nginn.timezone == "Europe/Warsaw"

@@ -1,8 +1,8 @@
 """`SqlSource`: destructive batched receive from one queue table.
 
 Guarantees
-    A receive deletes up to `max_messages` of the oldest rows in one transaction and keeps it
-    open until the batch is settled: `commit()` commits, `abort()` (or leaving the block, a
+    A receive deletes up to `max_messages` of the oldest rows in one transaction (NGinn's
+    layout marks them done instead) and keeps it open until the batch is settled: `commit()` commits, `abort()` (or leaving the block, a
     crash, a lost connection) rolls back and every row is back where it was. Concurrent
     receivers never get the same row.
 
@@ -14,7 +14,11 @@ Expiry and poison
     `error_queue` the source inserts its error copies into that table in the same transaction,
     right before COMMIT (`bridge.transports.sql.deadletter`). Poison messages are listed in
     `Batch.poison` either way; without `error_queue`, committing deletes them and they are the
-    caller's to keep.
+    caller's to keep, unless the layout keeps them in their table (NGinn's `F` rows).
+
+Housekeeping
+    A layout's housekeeping statements (NGinn's mover and cleanup with `nginn.retries`) run
+    every `HOUSEKEEPING_EVERY` seconds before a poll, each in a transaction of its own.
 
 Polling
     Each poll is a write transaction, so an idle source polls less and less often: the delay

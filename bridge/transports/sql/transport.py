@@ -24,7 +24,9 @@ Connection
 
 Options
     `layout` (default `nservicebus`) picks what a queue table holds and the statements run on
-    it (`layouts/`); each dialect documents its own keys (`path`, `dsn`, `schema`, `catalog`).
+    it (`layouts/`): `nginn` is NGinn.MessageBus's table, with its `nginn` settings
+    (`layouts/nginn`); each dialect documents its own keys (`path`, `dsn`, `schema`,
+    `catalog`).
 
 Addresses
     A queue is a table name. The canonical address is the one NServiceBus writes in headers:

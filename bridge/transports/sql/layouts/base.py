@@ -14,8 +14,15 @@ and its lines there:
     nservicebus on sqlite        `nservicebus_postgresql` too: SQLite has no NServiceBus
                                  transport of its own, so its queue files hold the PostgreSQL
                                  transport's columns in SQLite's types (§3)
+    nginn on each of the three   `nginn`: NGinn.MessageBus's table (its subqueues, `k=v|k=v`
+                                 headers, local times), read and written as NGinn does; its
+                                 rows are its own (`nginn_rows`), not the ones below
 
 The NServiceBus row mapping below is the base class's; both NServiceBus layouts use it.
+
+A layout may also add parameters in front of its receive's (`receive_params`: NGinn's table
+is shared by endpoints), keep what a source cannot forward in its own table (`keeps_failed`),
+run housekeeping between a source's batches, and set up each connection (`on_connect`).
 
 Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` in this order):
     id       fresh uuid4 as text: the native id, never the logical message id
