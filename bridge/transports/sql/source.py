@@ -2,9 +2,9 @@
 
 Guarantees
     A receive deletes up to `max_messages` of the oldest rows in one transaction (NGinn's
-    layout marks them done instead) and keeps it open until the batch is settled: `commit()` commits, `abort()` (or leaving the block, a
-    crash, a lost connection) rolls back and every row is back where it was. Concurrent
-    receivers never get the same row.
+    layout marks them done instead) and keeps it open until the batch is settled:
+    `commit()` commits, `abort()` (or leaving the block, a crash, a lost connection) rolls
+    back and every row is back where it was. Concurrent receivers never get the same row.
 
 Expiry and poison
     Expired rows (by the database clock) are taken with the batch and only counted in
