@@ -188,7 +188,10 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
         return
     zone = options.timezone
     if not _ZONE_NAME.fullmatch(zone) or not _is_zone(zone):
-        yield "nginn.timezone", f"{zone!r} is not an IANA time zone name (e.g. Europe/Warsaw)"
+        yield (
+            "nginn.timezone",
+            f"nginn.timezone: {zone!r} is not an IANA time zone name (e.g. Europe/Warsaw)",
+        )
     alias = options.alias
     if alias is not None and (
         len(f"sql://{alias}/") >= NGINN_ENDPOINT_CHARS or not alias.strip() or "/" in alias
@@ -196,7 +199,7 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
         yield (
             "nginn.alias",
             (
-                f"alias {alias[:60]!r}: NGinn endpoints `sql://<alias>/<table>` hold at most "
+                f"nginn.alias: {alias[:60]!r}: NGinn endpoints `sql://<alias>/<table>` hold at most "
                 f"{NGINN_ENDPOINT_CHARS} characters, and an alias has no `/`"
             ),
         )
@@ -204,7 +207,9 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
         if not target.strip() or "," not in target:
             yield (
                 "nginn.types",
-                (f"types[{name!r}]: {target!r} is not an NGinn `$type` (`Ns.Type, Assembly`)"),
+                (
+                    f"nginn.types[{name!r}]: {target!r} is not an NGinn `$type` (`Ns.Type, Assembly`)"
+                ),
             )
 
 
