@@ -199,8 +199,8 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
         yield (
             "nginn.alias",
             (
-                f"nginn.alias: {alias[:60]!r}: NGinn endpoints `sql://<alias>/<table>` hold at most "
-                f"{NGINN_ENDPOINT_CHARS} characters, and an alias has no `/`"
+                f"nginn.alias: {alias[:60]!r}: NGinn endpoints `sql://<alias>/<table>` hold "
+                f"at most {NGINN_ENDPOINT_CHARS} characters, and an alias has no `/`"
             ),
         )
     for name, target in options.types.items():
@@ -208,7 +208,8 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
             yield (
                 "nginn.types",
                 (
-                    f"nginn.types[{name!r}]: {target!r} is not an NGinn `$type` (`Ns.Type, Assembly`)"
+                    f"nginn.types[{name!r}]: {target!r} is not an NGinn `$type` "
+                    "(`Ns.Type, Assembly`)"
                 ),
             )
 
