@@ -502,3 +502,10 @@ def test_the_readmes_example_is_valid() -> None:
     legacy = config.connections["legacy"]
     assert isinstance(legacy, SqlServerConnection) and legacy.layout == "nginn"
     assert legacy.nginn is not None and legacy.nginn.timezone == "Europe/Warsaw"
+
+
+def test_a_range_source_on_an_nginn_table_is_a_config_error() -> None:
+    from bridge.transports.sql.source import SqlSource
+
+    with pytest.raises(ConfigError, match="nginn layout has no sequence ranges"):
+        SqlSource(sqlite(), "Orders", seq_range=(1, 10))
