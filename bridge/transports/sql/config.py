@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field
@@ -106,9 +106,13 @@ class _Sql(Strict):
         description="Queue table layout: `nservicebus` (the NServiceBus SQL transport's) or "
         "`nginn` (NGinn.MessageBus's; settings in `nginn`).",
     )
-    nginn: NGinnOptions | None = Field(
-        None, description="NGinn.MessageBus settings; only with `layout: nginn`, which needs them."
-    )
+    # Annotated, so that type checkers without pydantic's plugin see the default too.
+    nginn: Annotated[
+        NGinnOptions | None,
+        Field(
+            description="NGinn.MessageBus settings; only with `layout: nginn`, which needs them."
+        ),
+    ] = None
 
     @property
     def keeps_failed(self) -> bool:
