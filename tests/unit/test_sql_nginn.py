@@ -36,6 +36,7 @@ from bridge.transports.sql.layouts.nginn import NGinnLayout
 from bridge.transports.sql.layouts.nginn_rows import (
     LEFT_OUT,
     NGinnRow,
+    OutgoingNGinnRow,
     RowMapping,
     format_headers,
     parse_headers,
@@ -509,3 +510,25 @@ def test_a_range_source_on_an_nginn_table_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="nginn layout has no sequence ranges"):
         SqlSource(sqlite(), "Orders", seq_range=(1, 10))
+
+
+def test_parameters_bind_in_the_order_the_statements_declare_them() -> None:
+    """The send's parameters are an `OutgoingNGinnRow`; the receive's (endpoint, n), the
+    failure's (error_info, id): each T-SQL DECLARE and each placeholder list in that order."""
+    fields = ["from_endpoint", "to_endpoint", "error_info", "msg_text", "correlation_id"]
+    fields += ["label", "headers", "unique_id"]
+    assert list(OutgoingNGinnRow._fields) == fields
+    declared = ["from_endpoint", "to_endpoint", "error_info", "msg_body", "correl_id"]
+    declared += ["label", "headers", "unique_id"]
+    statements = layout_of(sqlserver()).nginn_statements("Orders")
+    for text, names in [
+        (statements.send, declared),
+        (statements.receive, ["endpoint", "n"]),
+        (statements.fail, ["error_info", "id"]),
+    ]:
+        declare = text.split(";\n", 1)[0]
+        assert [p.split()[0][1:] for p in declare[len("DECLARE ") :].split(", ")] == names
+        assert declare.count("?") == len(names)
+    portable = layout_of(sqlite()).nginn_statements("Orders")
+    assert portable.send.count("?") == len(fields) and portable.receive.count("?") == 2
+    assert portable.fail.index("error_info = ?") < portable.fail.index("id = ?")
