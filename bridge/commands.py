@@ -66,7 +66,9 @@ def addresses(config: BridgeConfig, *, installing: bool = False) -> dict[str, li
         ends.append((route.from_.connection, route.from_.address))
         if not (installing and isinstance(route, DerivedRoute)):  # an endpoint's own queue
             ends.append((route.to.connection, route.to.address))
-        ends.append((route.from_.connection, route.error_queue_name))
+        error_queue = config.error_queue_of(route)
+        if error_queue is not None:
+            ends.append((route.from_.connection, error_queue))
     return _by_connection(ends)
 
 

@@ -108,7 +108,7 @@ def _address_name(kind: str, name: str, role: str, where: str) -> None:
 def _connection(name: str, connection: ConnectionConfig, at: Positions) -> None:
     """The rules of the connection's own transport, at the key each is about."""
     for key, problem in RULES[connection.type].lint(connection):
-        path: tuple[str | int, ...] = ("connections", name) + ((key,) if key else ())
+        path: tuple[str | int, ...] = ("connections", name) + (tuple(key.split(".")) if key else ())
         raise ConfigError(f"connections.{name}: {problem}", at.at(path))
 
 

@@ -194,6 +194,15 @@ class BridgeConfig(Strict):
 
         return Registry(self)
 
+    def error_queue_of(self, route: Route) -> str | None:
+        """Where `route`'s source puts what it cannot forward: the route's `error_queue`; else
+        `bridge.error` on the source connection, or None where that connection keeps failed
+        messages in their own table (`layout: nginn`: the row's `F` subqueue)."""
+        if route.error_queue is not None:
+            return route.error_queue
+        source = self.connections.get(route.from_.connection)
+        return None if getattr(source, "keeps_failed", False) else DEFAULT_ERROR_QUEUE
+
     @cached_property
     def derived_routes(self) -> list[DerivedRoute]:
         """The routes the registry derives, in a stable order (endpoint, then connection)."""

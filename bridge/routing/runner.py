@@ -103,8 +103,11 @@ class RouteRunner:
         tracing: RouteTracing | None = None,
         probe: Probe | None = None,
         rules: RouteRules | None = None,
+        keeps_failed: bool = False,
     ) -> None:
         self.route = route
+        #: The source keeps what it cannot forward in its own table (no error queue named).
+        self._keeps_failed = keeps_failed
         self._endpoints = endpoints
         self._poll_timeout = poll_timeout
         self._stop_on_fatal = stop_on_fatal
@@ -298,17 +301,18 @@ class RouteRunner:
         """One line per batch, never per message: how many, where, and the first reason."""
         reason = batch.poison[0].reason if batch.poison else str(refused[0]) if refused else "?"
         route = self.route
+        queue = None if self._keeps_failed else route.error_queue_name
         log.warning(
-            "route %s: %d message(s) moved to error queue %s on connection %s: %s",
+            "route %s: %d message(s) moved to %s on connection %s: %s",
             route.name,
             failed,
-            route.error_queue_name,
+            "their table's failed rows" if queue is None else f"error queue {queue}",
             route.from_.connection,
             reason,
             extra={
                 "route": route.name,
                 "state": self.stats.state,
-                "error_queue": route.error_queue_name,
+                "error_queue": queue,
                 "failed": failed,
             },
         )

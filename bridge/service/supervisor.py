@@ -84,7 +84,7 @@ class Supervisor:
         def endpoints() -> tuple[Source, Sink]:
             if route.from_.connection == route.to.connection:
                 source = source_transport.source(
-                    route.from_.address, error_queue=route.error_queue_name
+                    route.from_.address, error_queue=self.config.error_queue_of(route)
                 )
                 if isinstance(source, TransactionalSource):
                     return source, source.sink_in_transaction(route.to.address)
@@ -95,7 +95,7 @@ class Supervisor:
             return source_transport.source(
                 route.from_.address,
                 group=route.from_.group,
-                error_queue=route.error_queue_name,
+                error_queue=self.config.error_queue_of(route),
                 checkpoint_store=store,
             ), sink
 
@@ -107,6 +107,7 @@ class Supervisor:
             metrics=self.metrics.for_route(route.name, f"{route.to.connection}/{route.to.address}"),
             probe=self._probe(route),
             rules=RouteRules(route, self.registry),
+            keeps_failed=self.config.error_queue_of(route) is None,
         )
 
     def _probe(self, route: Route) -> Probe:

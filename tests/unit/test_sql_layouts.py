@@ -45,8 +45,8 @@ def test_the_layout_key_picks_the_layout_of_that_database() -> None:
 
 
 def test_a_database_without_the_layout_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"no queue-table layout 'nginn' on sqlite.*nservicebus"):
-        load_layout("nginn", sqlite())
+    with pytest.raises(ConfigError, match=r"no queue-table layout 'kombu' on sqlite.*nginn"):
+        load_layout("kombu", sqlite())
     with pytest.raises(ConfigError, match="T-SQL"):
         SqlServerLayout(sqlite())
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field
 
@@ -26,11 +27,14 @@ __all__ = [
     "DEFAULT_POOL_SIZE",
     "DEFAULT_POOL_TIMEOUT",
     "DEFAULT_RESPONSE_TIMEOUT",
+    "DEFAULT_SUBSCRIPTIONS",
     "KINDS",
     "MAX_DELAY_SECONDS",
     "MAX_TABLE_NAME_BYTES",
+    "NGINN_ENDPOINT_CHARS",
     "SOURCE_GROUP",
     "SQLSERVER_MAX_NAME",
+    "NGinnOptions",
     "PostgresConnection",
     "SqlServerConnection",
     "SqliteConnection",
@@ -39,9 +43,16 @@ __all__ = [
     "canonical_address",
     "dsn_problems",
     "lint",
+    "nginn_problems",
 ]
 
 KINDS = ("sqlite", "postgresql", "sqlserver")
+#: NGinn's subscription table, as its database document names it (seed 001).
+DEFAULT_SUBSCRIPTIONS = "NGinnMessageBus_Subscriptions"
+#: NGinn's `from_endpoint` and `to_endpoint` are varchar(50) (createmqueue.sqlserver.sql:5-6).
+NGINN_ENDPOINT_CHARS = 50
+#: What an IANA zone name is made of (the layout writes it into SQL as a literal).
+_ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*")
 #: What a route end on this connection names, and whether a source reads in a consumer group.
 ADDRESS_KEY = "queue"
 #: Delays into SQL queue tables are not carried out yet: refused.
@@ -63,10 +74,55 @@ DEFAULT_POOL_TIMEOUT = 10.0
 DEFAULT_RESPONSE_TIMEOUT = 60.0
 
 
-class _Sql(Strict):
-    layout: Literal["nservicebus"] = Field(
-        "nservicebus", description="Queue table layout (the NServiceBus SQL transport's)."
+class NGinnOptions(Strict):
+    """`nginn:` of a connection with `layout: nginn` (README, "NGinn.MessageBus tables")."""
+
+    alias: str | None = Field(
+        None,
+        min_length=1,
+        description="The connection alias NGinn endpoints use for this database: a table's own "
+        "endpoint is `sql://<alias>/<table>`; the connection's name when omitted.",
     )
+    subscriptions: str = Field(
+        DEFAULT_SUBSCRIPTIONS,
+        min_length=1,
+        description="The NGinn subscription table's name.",
+    )
+    timezone: str = Field(
+        description="The IANA time zone of the database server's clock (e.g. Europe/Warsaw): "
+        "NGinn's time columns hold that zone's local time.",
+    )
+    types: dict[str, str] = Field(
+        default_factory=dict,
+        description="NServiceBus message type full name -> NGinn `$type` (`Ns.Type, Assembly`).",
+    )
+    retries: bool = Field(
+        False,
+        description="The bridge moves due `R` rows back to `I` and deletes `X` rows older than "
+        "12 hours in the tables it reads, as NGinn's own process does; only for tables no "
+        "NGinn process owns.",
+    )
+
+
+class _Sql(Strict):
+    layout: Literal["nservicebus", "nginn"] = Field(
+        "nservicebus",
+        description="Queue table layout: `nservicebus` (the NServiceBus SQL transport's) or "
+        "`nginn` (NGinn.MessageBus's; settings in `nginn`).",
+    )
+    # Annotated, so that type checkers without pydantic's plugin see the default too.
+    nginn: Annotated[
+        NGinnOptions | None,
+        Field(
+            description="NGinn.MessageBus settings; only with `layout: nginn`, which needs them."
+        ),
+    ] = None
+
+    @property
+    def keeps_failed(self) -> bool:
+        """Whether a source here keeps what it cannot forward in its own table (NGinn's `F`
+        subqueue) unless its route names an error queue."""
+        return self.layout == "nginn"
 
 
 class SqliteConnection(_Sql):
@@ -120,10 +176,58 @@ SqlConnection = SqliteConnection | PostgresConnection | SqlServerConnection
 
 
 def lint(connection: SqlConnection) -> Iterator[Problem]:
-    """A PostgreSQL DSN libpq would refuse (`dsn_problems`)."""
+    """A PostgreSQL DSN libpq would refuse (`dsn_problems`); NGinn settings (`nginn_problems`)."""
     if isinstance(connection, PostgresConnection):
         for problem in dsn_problems(connection.dsn):
             yield "dsn", problem
+    yield from nginn_problems(connection)
+
+
+def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
+    """`nginn` given without `layout: nginn` or missing with it, a time zone that is no IANA
+    zone, an alias that leaves no room in NGinn's 50-character endpoint columns."""
+    options = connection.nginn
+    if connection.layout != "nginn":
+        if options is not None:
+            yield "nginn", "`nginn` settings need `layout: nginn`"
+        return
+    if options is None:
+        yield "layout", "`layout: nginn` needs `nginn: {timezone: <IANA zone>}` at least"
+        return
+    zone = options.timezone
+    if not _ZONE_NAME.fullmatch(zone) or not _is_zone(zone):
+        yield (
+            "nginn.timezone",
+            f"nginn.timezone: {zone!r} is not an IANA time zone name (e.g. Europe/Warsaw)",
+        )
+    alias = options.alias
+    if alias is not None and (
+        len(f"sql://{alias}/") >= NGINN_ENDPOINT_CHARS or not alias.strip() or "/" in alias
+    ):
+        yield (
+            "nginn.alias",
+            (
+                f"nginn.alias: {alias[:60]!r}: NGinn endpoints `sql://<alias>/<table>` hold "
+                f"at most {NGINN_ENDPOINT_CHARS} characters, and an alias has no `/`"
+            ),
+        )
+    for name, target in options.types.items():
+        if not target.strip() or "," not in target:
+            yield (
+                "nginn.types",
+                (
+                    f"nginn.types[{name!r}]: {target!r} is not an NGinn `$type` "
+                    "(`Ns.Type, Assembly`)"
+                ),
+            )
+
+
+def _is_zone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 #: libpq's values for the options whose mistakes it finds only when it connects (and psycopg

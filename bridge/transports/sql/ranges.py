@@ -14,11 +14,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+from bridge.errors import ConfigError
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.errors import translated
 from bridge.transports.sql.layouts.base import ScannedRow
 
-__all__ = ["RangeReads"]
+__all__ = ["RangeReads", "ranged"]
 
 T = TypeVar("T")
 
@@ -34,23 +35,23 @@ class RangeReads:
 
     async def bounds(self, address: str) -> tuple[int, int] | None:
         """The lowest and highest sequence number in the table; None when it is empty."""
-        (row,) = await self._read(self.dialect.queue_statements(address).bounds, ())
+        (row,) = await self._read(ranged(self.dialect, address, "bounds"), ())
         return None if row[0] is None else (int(row[0]), int(row[1]))
 
     async def count_range(self, address: str, lo: int, hi: int) -> int:
         """Rows with lo <= seq <= hi."""
-        (row,) = await self._read(self.dialect.queue_statements(address).count_range, (lo, hi))
+        (row,) = await self._read(ranged(self.dialect, address, "count_range"), (lo, hi))
         return int(row[0] or 0)
 
     async def scan_range(self, address: str, after: int, hi: int, limit: int) -> list[ScannedRow]:
         """Up to `limit` rows with after < seq <= hi in seq order, read without locking them."""
-        statement = self.dialect.queue_statements(address).scan_range
+        statement = ranged(self.dialect, address, "scan_range")
         return self.dialect.layout.scanned_rows(await self._read(statement, (after, hi, limit)))
 
     def purge_expired(self, address: str, batch_size: int = 1000) -> int:
         """Delete every expired row in batches of `batch_size`, blocking, on a connection of
         its own; returns how many."""
-        purge = self.dialect.queue_statements(address).purge_expired
+        purge = ranged(self.dialect, address, "purge_expired")
         total = 0
         with translated(self.dialect.describe(), self.dialect.classify):
             db = self.dialect.connect()
@@ -69,6 +70,18 @@ class RangeReads:
 
     async def _read(self, statement: str, params: Sequence[Any]) -> Sequence[Sequence[Any]]:
         return await self._run(partial(_fetch, self.dialect, statement, params))
+
+
+def ranged(dialect: Dialect, address: str, name: str) -> str:
+    """Statement `name` of the sequence ranges of table `address`; ConfigError where its
+    layout has none (NGinn's tables are not split into ranges)."""
+    statement: str = getattr(dialect.queue_statements(address), name)
+    if not statement:
+        raise ConfigError(
+            f"{dialect.describe()}: the {dialect.layout_name} layout has no sequence ranges "
+            "(bulk moves and reports need the nservicebus layout)"
+        )
+    return statement
 
 
 def _fetch(

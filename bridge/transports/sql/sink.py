@@ -62,7 +62,7 @@ class SqlSink:
     ) -> None:
         self._dialect = dialect
         self._address = address
-        dialect.table(address)
+        dialect.queue_statements(address)  # an impossible name fails now
         self._checkpoints = Checkpoints(dialect)
         self._borrowed = borrowed is not None
         self._connection = borrowed or Connection(dialect, pool=pool)
@@ -123,12 +123,13 @@ class SqlSink:
         (a `FencedCheckpoint`'s starting positions) fences the positions written."""
         now = time.time()
         send_params, outgoing = self._dialect.send_params, self._dialect.layout.outgoing
+        address = self._address
         rows = []
         for index, (envelope, native_id) in enumerate(
             zip(envelopes, new_ids(len(envelopes)), strict=True)
         ):
             try:
-                rows.append(send_params(outgoing(envelope, now, native_id)))
+                rows.append(send_params(outgoing(envelope, now, native_id, address=address)))
             except HeadersFormatError as exc:
                 where = f"{self._dialect.describe()}: table {self._address!r}"
                 return MessageRejected(f"{where}: {exc}", index=index)

@@ -1,20 +1,24 @@
 """`SqlSource`: destructive batched receive from one queue table.
 
 Guarantees
-    A receive deletes up to `max_messages` of the oldest rows in one transaction and keeps it
-    open until the batch is settled: `commit()` commits, `abort()` (or leaving the block, a
-    crash, a lost connection) rolls back and every row is back where it was. Concurrent
-    receivers never get the same row.
+    A receive deletes up to `max_messages` of the oldest rows in one transaction (NGinn's
+    layout marks them done instead) and keeps it open until the batch is settled:
+    `commit()` commits, `abort()` (or leaving the block, a crash, a lost connection) rolls
+    back and every row is back where it was. Concurrent receivers never get the same row.
 
 Expiry and poison
-    Expired rows (by the database clock) are deleted with the batch and only counted in
+    Expired rows (by the database clock) are taken with the batch and only counted in
     `Batch.expired`. A row whose Headers cannot be read becomes a `PoisonMessage` (raw Headers,
     body) without holding up the rows behind it, and so does a retried error copy of one (a
     row carrying `NServiceBus.Bridge.RawHeaders`, see `bridge.nservicebus.deadletter`). With
     `error_queue` the source inserts its error copies into that table in the same transaction,
     right before COMMIT (`bridge.transports.sql.deadletter`). Poison messages are listed in
     `Batch.poison` either way; without `error_queue`, committing deletes them and they are the
-    caller's to keep.
+    caller's to keep, unless the layout keeps them in their table (NGinn's `F` rows).
+
+Housekeeping
+    A layout's housekeeping statements (NGinn's mover and cleanup with `nginn.retries`) run
+    every `HOUSEKEEPING_EVERY` seconds before a poll, each in a transaction of its own.
 
 Polling
     Each poll is a write transaction, so an idle source polls less and less often: the delay
@@ -71,14 +75,17 @@ from bridge.transports.sql.chain import CHAIN, Chain, Link, in_new_transaction
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.deadletter import ErrorQueue
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
-from bridge.transports.sql.layouts.base import QueueRow
+from bridge.transports.sql.layouts.base import TakenRow
 from bridge.transports.sql.pool import Pool
+from bridge.transports.sql.ranges import ranged
 from bridge.transports.sql.sink import SqlSink
 
-__all__ = ["MAX_POLL", "MIN_POLL", "SqlSource"]
+__all__ = ["HOUSEKEEPING_EVERY", "MAX_POLL", "MIN_POLL", "SqlSource"]
 
 MIN_POLL = 0.01
 MAX_POLL = 1.0
+#: Seconds between two runs of the layout's housekeeping (NGinn's mover: about every 8 s).
+HOUSEKEEPING_EVERY = 8.0
 
 
 def _roll_back(db: DbConnection) -> None:
@@ -107,11 +114,15 @@ class SqlSource:
         self._dialect = dialect
         self._pool = pool
         self._address = address
-        statements = dialect.queue_statements(address)
-        self._receive = statements.receive
-        self._receive_params: tuple[int, ...] = ()
+        layout = dialect.layout
+        self._receive = dialect.queue_statements(address).receive
+        self._receive_params: tuple[object, ...] = layout.receive_params(address)
+        self._ranged = seq_range is not None
         if seq_range is not None:
-            self._receive, self._receive_params = statements.receive_range, seq_range
+            self._receive = ranged(dialect, address, "receive_range")
+            self._receive_params += seq_range
+        self._housekeeping = layout.housekeeping(address)
+        self._next_housekeeping = 0.0  # time.monotonic(); 0: at the first poll
         self._copies = ErrorQueue(dialect, address, error_queue)
         self._connection = Connection(dialect, receiving=True, pool=pool)
         self._ahead: Connection | None = None  # the second, for a receive ahead of a held batch
@@ -191,15 +202,26 @@ class SqlSource:
             wait = self._next_poll - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
+            if self._housekeeping and time.monotonic() >= self._next_housekeeping:
+                await connection.run(self._housekeep)
+                self._next_housekeeping = time.monotonic() + HOUSEKEEPING_EVERY
             taken, link = await self._take(connection, max_messages)
             if taken is not None:
                 self._poll_delay, self._next_poll = MIN_POLL, 0.0
                 caught_up = len(taken.messages) + len(taken.poison) + taken.expired < max_messages
-                if caught_up and not self._receive_params:  # not a range: see "Polling"
+                if caught_up and not self._ranged:  # see "Polling"
                     self._next_poll = loop.time() + MIN_POLL
                 return self._batch(connection, taken, link)
             self._next_poll = loop.time() + self._poll_delay
             self._poll_delay = min(self._poll_delay * 2, MAX_POLL)
+
+    def _housekeep(self, db: DbConnection) -> None:
+        """The layout's housekeeping statements, each in a transaction of its own (no batch
+        of this source is open on this connection: a poll only runs between batches)."""
+        for statement in self._housekeeping:
+            self._dialect.begin(db)
+            db.cursor().execute(statement)
+            db.commit()
 
     async def close(self) -> None:
         await self._connection.close()
@@ -236,7 +258,7 @@ class SqlSource:
         self._dialect.receiving_transaction(db)
         return self._taken(rows)
 
-    def _taken(self, rows: Sequence[QueueRow]) -> _Taken:
+    def _taken(self, rows: Sequence[TakenRow]) -> _Taken:
         layout = self._dialect.layout
         now = time.time()
         taken = _Taken([], [], 0)

@@ -24,7 +24,9 @@ Connection
 
 Options
     `layout` (default `nservicebus`) picks what a queue table holds and the statements run on
-    it (`layouts/`); each dialect documents its own keys (`path`, `dsn`, `schema`, `catalog`).
+    it (`layouts/`): `nginn` is NGinn.MessageBus's table, with its `nginn` settings
+    (`layouts/nginn`); each dialect documents its own keys (`path`, `dsn`, `schema`,
+    `catalog`).
 
 Addresses
     A queue is a table name. The canonical address is the one NServiceBus writes in headers:
@@ -70,11 +72,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
-from bridge.envelope import TIME_SENT
-from bridge.errors import HeadersFormatError, TransportError
-from bridge.nservicebus.wireformat import timestamp_seconds
+from bridge.errors import TransportError
 from bridge.protocols import CheckpointStore, QueueStats, ServerConnections
-from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
@@ -233,13 +232,15 @@ class Transport(RangeReads):
 
     def _peek(self, address: str, db: DbConnection) -> QueueStats:
         statements = self.dialect.queue_statements(address)
+        layout = self.dialect.layout
+        params = layout.receive_params(address)
         try:
-            depth = int(scalar(db, statements.depth) or 0)
-            oldest = scalar(db, statements.oldest)
-            expired = int(scalar(db, statements.expired) or 0)
+            depth = int(scalar(db, statements.depth, params) or 0)
+            oldest = scalar(db, statements.oldest, params)
+            expired = int(scalar(db, statements.expired, params) or 0)
         finally:
             db.rollback()
-        age = _age_seconds(oldest, time.time())
+        age = layout.oldest_age(oldest, time.time())
         return QueueStats(depth=depth, oldest_age_seconds=age, expired=expired)
 
 
@@ -248,14 +249,3 @@ def _execute_each(statements: Sequence[str], db: DbConnection) -> None:
     for statement in statements:
         cursor.execute(statement)
         db.commit()
-
-
-def _age_seconds(raw_headers: str | bytes | None, now: float) -> float | None:
-    """Seconds since the row's `NServiceBus.TimeSent`; None when it has no readable one."""
-    try:
-        sent = headers_codec.decode(raw_headers).get(TIME_SENT)
-        if sent is None:
-            return None
-        return max(0.0, now - timestamp_seconds(sent))
-    except (HeadersFormatError, ValueError):
-        return None

@@ -16,11 +16,11 @@ from typing import Any, ClassVar, Protocol
 
 from bridge.errors import BridgeError, ConfigError
 from bridge.protocols import ServerConnections
+from bridge.transports.sql.config import NGinnOptions
 from bridge.transports.sql.errors import Failure, translate
 from bridge.transports.sql.layouts.base import (
     CheckpointStatements,
     Layout,
-    OutgoingRow,
     QueueStatements,
     load_layout,
 )
@@ -74,8 +74,13 @@ class Dialect(ABC):
     #: Whether two transactions can delete rows of one table at once (not SQLite: one writer).
     concurrent_writers: ClassVar[bool] = True
 
-    def __init__(self, connection_name: str, layout: str) -> None:
+    def __init__(
+        self, connection_name: str, layout: str, nginn: NGinnOptions | None = None
+    ) -> None:
         self.connection_name = connection_name
+        self.layout_name = layout
+        #: The connection's `nginn` settings (for `layout: nginn`).
+        self.nginn = nginn
         self.layout: Layout = load_layout(layout, self)
 
     # -- driver --------------------------------------------------------------------------------
@@ -229,7 +234,8 @@ class Dialect(ABC):
         `send_staged` then inserts them."""
         raise NotImplementedError(f"{self.kind} has no send stage")
 
-    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
+    def send_params(self, row: Any) -> Sequence[Any]:
+        """The send statement's parameters for a row the layout's `outgoing` made."""
         return self.layout.send_params(row)
 
     def warnings(self, db: DbConnection, name: str) -> list[str]:

@@ -53,7 +53,6 @@ import contextlib
 import os
 import re
 import socket
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -67,7 +66,7 @@ from bridge.transports.sql.dialects.base import (
     scalar,
 )
 from bridge.transports.sql.errors import Failure
-from bridge.transports.sql.layouts.base import CheckpointStatements, OutgoingRow
+from bridge.transports.sql.layouts.base import CheckpointStatements
 
 if TYPE_CHECKING:
     import psycopg
@@ -158,7 +157,7 @@ class PostgresDialect(Dialect):
         self.config = config
         self.schema = config.schema_
         self.response_timeout = config.response_timeout
-        super().__init__(connection_name, config.layout)
+        super().__init__(connection_name, config.layout, config.nginn)
 
     def connect(self) -> DbConnection:
         import psycopg
@@ -171,7 +170,9 @@ class PostgresDialect(Dialect):
         }
         extra = {key: value for key, value in defaults.items() if key not in given}
         dsn = make_conninfo(self.config.dsn, **extra)
-        return cast(DbConnection, psycopg.connect(dsn, autocommit=False))
+        db = cast(DbConnection, psycopg.connect(dsn, autocommit=False))
+        self.layout.on_connect(db)
+        return db
 
     classify = staticmethod(classify)
 
@@ -288,11 +289,6 @@ class PostgresDialect(Dialect):
                 f"UPDATE {self.param_safe(t)} SET position = %s WHERE name = %s AND position = %s"
             ),
         )
-
-    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
-        if row.ttl_ms is not None and row.ttl_ms > (LAST_EXPIRES - time.time()) * 1000:
-            row = row._replace(ttl_ms=None)
-        return super().send_params(row)
 
     def table_exists(self, db: DbConnection, name: str) -> bool:
         query = "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s"

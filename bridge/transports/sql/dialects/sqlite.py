@@ -118,7 +118,7 @@ class SqliteDialect(Dialect):
 
     def __init__(self, connection_name: str, config: SqliteConnection) -> None:
         self.config = config
-        super().__init__(connection_name, config.layout)
+        super().__init__(connection_name, config.layout, config.nginn)
 
     def connect(self) -> DbConnection:
         try:
@@ -130,6 +130,7 @@ class SqliteDialect(Dialect):
             raise cannot_open(self.describe(), self.config.path, exc) from exc
         try:
             set_up(db)
+            self.layout.on_connect(cast(DbConnection, db))
         except sqlite3.OperationalError as exc:
             db.close()
             code = (exc.sqlite_errorcode or 0) & 0xFF

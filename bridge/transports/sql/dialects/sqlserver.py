@@ -148,7 +148,7 @@ class SqlServerDialect(Dialect):
         #: The catalog of canonical addresses: the configured one, else the connection's
         #: database once the dialect has connected.
         self.database = config.catalog
-        super().__init__(connection_name, config.layout)
+        super().__init__(connection_name, config.layout, config.nginn)
 
     def connect(self) -> DbConnection:
         import pyodbc
@@ -161,7 +161,9 @@ class SqlServerDialect(Dialect):
             except BaseException:
                 db.close()
                 raise
-        return TrackedConnection(db)
+        tracked = TrackedConnection(db)
+        self.layout.on_connect(tracked)
+        return tracked
 
     def transaction_open(self, db: DbConnection) -> bool:
         return not isinstance(db, TrackedConnection) or db.in_transaction

@@ -14,8 +14,15 @@ and its lines there:
     nservicebus on sqlite        `nservicebus_postgresql` too: SQLite has no NServiceBus
                                  transport of its own, so its queue files hold the PostgreSQL
                                  transport's columns in SQLite's types (§3)
+    nginn on each of the three   `nginn`: NGinn.MessageBus's table (its subqueues, `k=v|k=v`
+                                 headers, local times), read and written as NGinn does; its
+                                 rows are its own (`nginn_rows`), not the ones below
 
 The NServiceBus row mapping below is the base class's; both NServiceBus layouts use it.
+
+A layout may also add parameters in front of its receive's (`receive_params`: NGinn's table
+is shared by endpoints), keep what a source cannot forward in its own table (`keeps_failed`),
+run housekeeping between a source's batches, and set up each connection (`on_connect`).
 
 Row written by a send (`OutgoingRow`, the parameters of `QueueStatements.send` in this order):
     id       fresh uuid4 as text: the native id, never the logical message id
@@ -42,11 +49,12 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
+from bridge.envelope import MESSAGE_ID, TIME_SENT, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
 from bridge.nservicebus.lifetime import never_expires, time_to_live_ms
+from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.transports.sql import headers as headers_codec
 
 if TYPE_CHECKING:
@@ -60,6 +68,7 @@ __all__ = [
     "QueueRow",
     "QueueStatements",
     "ScannedRow",
+    "TakenRow",
     "incoming",
     "load_layout",
     "new_id",
@@ -267,11 +276,23 @@ def _as_bytes(value: object) -> bytes:
     raise TypeError(f"unexpected Body column value of type {type(value).__name__}")
 
 
+class TakenRow(Protocol):
+    """What the source reads of every row a layout's receive returns (`QueueRow`'s fields)."""
+
+    @property
+    def native_id(self) -> str: ...
+
+    @property
+    def expired(self) -> bool: ...
+
+
 class Layout(ABC):
     """One queue-table layout on one connection's dialect; the NServiceBus row mapping.
 
     A subclass writes `queue_statements` from `self.dialect`'s primitives and, where its table
-    differs, overrides the mapping and the send hooks.
+    differs, overrides the mapping and the send hooks. A layout whose rows are not
+    `QueueRow`s and `OutgoingRow`s overrides the four mapping methods together: the source
+    and the sink only hand the rows of one to the other.
     """
 
     def __init__(self, dialect: Dialect) -> None:
@@ -281,23 +302,71 @@ class Layout(ABC):
     def queue_statements(self, name: str) -> QueueStatements:
         """Every statement the transport runs against queue table `name`."""
 
+    def receive_params(self, name: str) -> tuple[Any, ...]:
+        """Parameters in front of those `QueueStatements` names for its receive, range and
+        peek statements of table `name` (none: the table is the whole queue)."""
+        return ()
+
     def send_statement(self, db: DbConnection, name: str) -> str:
         """The insert for table `name`; a layout may look at the table first (and cache)."""
         return self.queue_statements(name).send
 
-    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
-        """Parameters of `send`: (id, ttl_ms, headers, body), which is the row itself."""
-        return row
+    def send_params(self, row: Any) -> Sequence[Any]:
+        """Parameters of `send` for a row `outgoing` made: (id, ttl_ms, headers, body) here."""
+        return cast(OutgoingRow, row)
 
     def warnings(self, db: DbConnection, name: str) -> list[str]:
         """Human-readable problems of an existing table that still works."""
         return []
 
+    #: Whether a source keeps what it cannot forward in its own table (`keep_failed`) when its
+    #: route names no error queue; else it needs one.
+    keeps_failed = False
+
+    def keep_failed(self, db: DbConnection, name: str, failed: Sequence[tuple[str, str]]) -> None:
+        """Mark rows (native id, why) of table `name` taken in the open transaction as failed,
+        in that transaction (only where `keeps_failed`)."""
+        raise NotImplementedError(f"the {type(self).__name__} layout keeps no failed rows")
+
+    def on_connect(self, db: DbConnection) -> None:  # noqa: B027 - most layouts need nothing
+        """Set up a connection right after it opened (nothing here)."""
+
+    def housekeeping(self, name: str) -> tuple[str, ...]:
+        """Statements a source of table `name` runs now and then, each in a transaction of its
+        own, without parameters (none here)."""
+        return ()
+
+    def oldest_age(self, value: Any, now: float) -> float | None:
+        """Seconds since the oldest row was sent, from what `oldest` returned (None: no row)."""
+        return _age_seconds(value, now)
+
     # The NServiceBus mapping (the functions above); a layout whose rows differ overrides it.
-    outgoing = staticmethod(outgoing)
-    received_rows = staticmethod(received_rows)
+    def outgoing(
+        self, envelope: Envelope, now: float, native_id: str | None = None, *, address: str = ""
+    ) -> Any:
+        """The row written for `envelope` into table `address` (`send_params` makes the
+        statement's parameters of it)."""
+        return outgoing(envelope, now, native_id)
+
+    def received_rows(self, rows: Sequence[Sequence[Any]]) -> Sequence[TakenRow]:
+        return received_rows(rows)
+
+    def incoming(self, row: Any, now: float) -> Envelope | PoisonMessage:
+        """The envelope of a live row `received_rows` made, or a poison message."""
+        return incoming(cast(QueueRow, row), now)
+
     scanned_rows = staticmethod(scanned_rows)
-    incoming = staticmethod(incoming)
+
+
+def _age_seconds(raw_headers: str | bytes | None, now: float) -> float | None:
+    """Seconds since the row's `NServiceBus.TimeSent`; None when it has no readable one."""
+    try:
+        sent = headers_codec.decode(raw_headers).get(TIME_SENT)
+        if sent is None:
+            return None
+        return max(0.0, now - timestamp_seconds(sent))
+    except (HeadersFormatError, ValueError):
+        return None
 
 
 _HERE = "bridge.transports.sql.layouts"
@@ -307,6 +376,9 @@ LAYOUTS = {
     ("nservicebus", "sqlserver"): f"{_HERE}.nservicebus_sqlserver:SqlServerLayout",
     ("nservicebus", "postgresql"): f"{_HERE}.nservicebus_postgresql:PostgresLayout",
     ("nservicebus", "sqlite"): f"{_HERE}.nservicebus_postgresql:PostgresLayout",  # §3
+    ("nginn", "sqlserver"): f"{_HERE}.nginn:NGinnLayout",
+    ("nginn", "postgresql"): f"{_HERE}.nginn:NGinnLayout",
+    ("nginn", "sqlite"): f"{_HERE}.nginn:NGinnLayout",
 }
 
 

@@ -12,11 +12,14 @@ A receive deletes the oldest rows and returns them with `seq`, since RETURNING k
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bridge.transports.sql.dialects.base import Dialect
-from bridge.transports.sql.layouts.base import Layout, QueueStatements
+from bridge.transports.sql.dialects.postgresql import LAST_EXPIRES
+from bridge.transports.sql.layouts.base import Layout, OutgoingRow, QueueStatements
 
 __all__ = ["PostgresLayout"]
 
@@ -67,6 +70,16 @@ class PostgresLayout(Layout):
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(dialect)
         self._table = _TABLES[dialect.kind]
+
+    def send_params(self, row: Any) -> Sequence[Any]:
+        sent: OutgoingRow = row
+        if (
+            self.dialect.kind == "postgresql"
+            and sent.ttl_ms is not None
+            and sent.ttl_ms > (LAST_EXPIRES - time.time()) * 1000
+        ):
+            sent = sent._replace(ttl_ms=None)  # past 9999-12-31: never expires (see postgresql)
+        return sent
 
     def queue_statements(self, name: str) -> QueueStatements:
         d, shape = self.dialect, self._table

@@ -56,7 +56,8 @@ class SqlServerLayout(Layout):
             recoverable = self._recoverable[name] = bool(found)
         return tsql.send(t) if recoverable else tsql.send_without_recoverable(t)
 
-    def send_params(self, row: OutgoingRow) -> Sequence[Any]:
+    def send_params(self, row: Any) -> Sequence[Any]:
+        assert isinstance(row, OutgoingRow)
         ttl_ms = row.ttl_ms if row.ttl_ms is None or row.ttl_ms <= tsql.INT32_MAX else None
         return (row.id, ttl_ms, row.headers, row.body)
 

@@ -1,0 +1,414 @@
+"""NGinn.MessageBus rows <-> envelopes: the `k=v|k=v` headers, the JSON body, local times.
+
+Facts (lafar6502/nginn-messagebus @1fa4baf, `NGinnBPM.MessageBus/`):
+- Headers are `name=value` pairs joined by `|`, with no escaping: a name or value holding `|`
+  or `=` is refused by the writer, and a pair that does not split into exactly two parts fails
+  the reader; names and values are trimmed as read (Impl/IMessageTransport.cs:95-136).
+- Six control headers live in columns and are not stored (`RemoveNGHeaders`,
+  Impl/SqlQueue/CommonQueueOps.cs:243-258); `_NG-TTL` is the expiry as local time
+  "yyyy-MM-dd HH:mm:ss" (Impl/MessageBus.cs:666), and an expired row is committed as handled
+  (Impl/SqlMessageTransport2.cs:748-756).
+- The body is Newtonsoft JSON with `"$type"` first (TypeNameHandling.Objects, nulls omitted:
+  Impl/JsonMessageSerializer.cs:53-64).
+
+The mapping to NServiceBus headers is this project's contract (README, "NGinn.MessageBus
+tables"): `incoming` makes an envelope of a row, `outgoing` a row of an envelope.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+from zoneinfo import ZoneInfo
+
+from bridge.envelope import MESSAGE_ID, TIME_SENT, Envelope, Headers, PoisonMessage
+from bridge.errors import HeadersFormatError
+from bridge.nservicebus.lifetime import FAILED_Q, never_expires, time_to_live_ms
+from bridge.nservicebus.wireformat import format_timestamp
+
+__all__ = [
+    "COLUMN_HEADERS",
+    "LEFT_OUT",
+    "TTL",
+    "NGinnRow",
+    "OutgoingNGinnRow",
+    "RowMapping",
+    "format_headers",
+    "local_text",
+    "parse_headers",
+    "parse_local",
+    "utc_to_local",
+]
+
+log = logging.getLogger(__name__)
+
+TTL = "_NG-TTL"
+REPLY_TO = "_NG-ReplyTo"
+#: The control headers NGinn keeps in columns, never in `msg_headers` (CommonQueueOps.cs:249-254).
+COLUMN_HEADERS = frozenset(
+    {
+        "_NG-BusMessageId",
+        "_NG-ContentType",
+        "_NG-CorrelationId",
+        "_NG-DeliverAt",
+        "_NG-Label",
+        "_NG_RetryCount",
+    }
+)
+#: What a row's NServiceBus headers say of the row itself, with no NServiceBus equivalent.
+NGINN_ID, NGINN_TO, NGINN_RETRY_COUNT, NGINN_LABEL = (
+    "NGinn.Id",
+    "NGinn.To",
+    "NGinn.RetryCount",
+    "NGinn.Label",
+)
+#: On a row the bridge wrote: how many headers it left out (NGinn cannot carry them).
+LEFT_OUT = "NGinn.HeadersLeftOut"
+_OWN = frozenset({NGINN_ID, NGINN_TO, NGINN_RETRY_COUNT, NGINN_LABEL, LEFT_OUT})
+
+ENCLOSED_TYPES = "NServiceBus.EnclosedMessageTypes"
+REPLY_TO_ADDRESS = "NServiceBus.ReplyToAddress"
+CORRELATION_ID = "NServiceBus.CorrelationId"
+EXCEPTION_MESSAGE = "NServiceBus.ExceptionInfo.Message"
+#: NGinn's column widths (createmqueue.sqlserver.sql:5-17).
+ENDPOINT_CHARS, CORRELATION_CHARS, LABEL_CHARS, UNIQUE_ID_CHARS = 50, 100, 100, 40
+#: `_NG-TTL` as NGinn writes it (MessageBus.cs:666).
+TTL_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def parse_headers(text: str | None) -> list[tuple[str, str]]:
+    """`msg_headers` as NGinn's reader takes it: HeadersFormatError where that reader throws."""
+    out: dict[str, str] = {}
+    for pair in (text or "").split("|"):
+        if not pair:
+            continue
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise HeadersFormatError(f"invalid NGinn header string: {pair[:80]!r}")
+        out[parts[0].strip()] = parts[1].strip()
+    return list(out.items())
+
+
+def format_headers(headers: Sequence[tuple[str, str | None]]) -> tuple[str, list[str]]:
+    """(`msg_headers` text, names left out): every pair NGinn's reader gives back as it was
+    given; a null value, `|` or `=` anywhere, or spaces it would trim, are left out."""
+    kept: dict[str, str] = {}
+    left_out: list[str] = []
+    for name, value in headers:
+        if value is None or not _carried(name) or (value and not _carried(value)):
+            left_out.append(name)
+            kept.pop(name, None)
+            continue
+        kept.pop(name, None)  # the last of a name wins, in its own place, as a reader keeps it
+        kept[name] = value
+    return "|".join(f"{name}={value}" for name, value in kept.items()), left_out
+
+
+def _carried(text: str) -> bool:
+    return bool(text) and "|" not in text and "=" not in text and text == text.strip()
+
+
+def parse_local(value: object) -> datetime:
+    """A time column (or `_NG-TTL`) as a naive local datetime: drivers return datetime
+    (psycopg, pyodbc) or ISO text (SQLite)."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=None)
+    if isinstance(value, bytes):
+        value = value.decode("ascii")
+    if isinstance(value, str):
+        return datetime.fromisoformat(value.strip()).replace(tzinfo=None)
+    raise ValueError(f"not a time: {value!r}")
+
+
+def local_text(moment: datetime) -> str:
+    """A naive local time as SQLite's NGinn tables hold it (`YYYY-MM-DD HH:MM:SS.fff`)."""
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+@dataclass(frozen=True, slots=True)
+class NGinnRow:
+    """One row a receive took (and marked `X`), with the database's local time then."""
+
+    native_id: str
+    expired: bool
+    from_endpoint: str
+    to_endpoint: str
+    retry_count: int
+    insert_time: datetime
+    retry_time: datetime
+    correlation_id: str | None
+    label: str | None
+    body: bytes | str | None
+    headers: bytes | str | None
+    unique_id: str | None
+    db_now: datetime
+
+
+class OutgoingNGinnRow(NamedTuple):
+    """The parameters of the layout's send, in its order."""
+
+    from_endpoint: str
+    to_endpoint: str
+    error_info: str | None
+    msg_text: str
+    correlation_id: str | None
+    label: str | None
+    headers: str
+    unique_id: str | None
+
+
+def _text(value: bytes | str | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")  # UnicodeDecodeError: the caller's poison
+    return value or ""
+
+
+class RowMapping:
+    """The mapping of one connection: its alias, time zone and type map."""
+
+    def __init__(self, alias: str, zone: str, types: Mapping[str, str]) -> None:
+        self.alias = alias
+        self.zone = ZoneInfo(zone)
+        self.types = dict(types)
+        self._type_names = {nginn: name for name, nginn in types.items()}
+        #: Headers left out of rows written so far (NGinn could not carry them).
+        self.left_out = 0
+        self._warned: set[str] = set()
+
+    def endpoint(self, table: str) -> str:
+        return f"sql://{self.alias}/{table}"
+
+    def to_utc(self, local: datetime) -> datetime:
+        return local.replace(tzinfo=self.zone).astimezone(UTC)
+
+    # -- rows read -------------------------------------------------------------------------------
+
+    def received(self, rows: Sequence[Sequence[Any]]) -> list[NGinnRow]:
+        """Result rows of the receive (see `nginn_sql`), oldest `retry_time` first."""
+        taken = [self._row(row) for row in rows]
+        taken.sort(key=lambda row: (row.retry_time, int(row.native_id)))
+        return taken
+
+    def _row(self, row: Sequence[Any]) -> NGinnRow:
+        (
+            id_,
+            sender,
+            to,
+            retries,
+            inserted,
+            due,
+            correlation,
+            label,
+            body,
+            headers,
+            unique,
+            now,
+        ) = row
+        db_now = parse_local(now)
+        return NGinnRow(
+            native_id=str(id_),
+            expired=_expired(headers, db_now),
+            from_endpoint=str(sender or ""),
+            to_endpoint=str(to or ""),
+            retry_count=int(retries or 0),
+            insert_time=parse_local(inserted),
+            retry_time=parse_local(due),
+            correlation_id=correlation,
+            label=label,
+            body=body,
+            headers=headers,
+            unique_id=unique,
+            db_now=db_now,
+        )
+
+    def incoming(self, row: NGinnRow, now: float, table: str) -> Envelope | PoisonMessage:
+        """The envelope of a live row, or a poison message when NGinn could not read it
+        either: headers its reader throws on, a body that is not UTF-8 JSON, a bad `_NG-TTL`."""
+        try:
+            pairs = parse_headers(_text(row.headers))
+            text = _text(row.body)
+            body = json.loads(text)
+            given = dict(pairs)
+            ttl = parse_local(given[TTL]) if TTL in given else None
+        except (HeadersFormatError, UnicodeDecodeError, ValueError) as exc:
+            raw = row.headers
+            return PoisonMessage(
+                raw_headers=raw,
+                body=row.body if isinstance(row.body, bytes) else _text(row.body).encode(),
+                reason=f"NGinn row {row.native_id} cannot be read: {exc}",
+                exception_type=type(exc).__name__,
+                native_id=row.native_id,
+            )
+        headers = Headers([(k, v) for k, v in pairs if k not in (TTL, REPLY_TO)])
+        mapped = self._mapped(row, given, body, table)
+        for name, value in mapped:
+            if value is not None and name not in headers:
+                headers.add(name, value)
+        for name, value in (
+            (NGINN_ID, row.native_id),
+            (NGINN_TO, row.to_endpoint),
+            (NGINN_RETRY_COUNT, str(row.retry_count)),
+            (NGINN_LABEL, row.label),
+        ):
+            headers.set(name, value)
+        deadline = None
+        if ttl is not None and not never_expires(headers):
+            deadline = now + (self.to_utc(ttl) - self.to_utc(row.db_now)).total_seconds()
+        return Envelope(headers, text.encode("utf-8"), expires_at=deadline, native_id=row.native_id)
+
+    def _mapped(
+        self, row: NGinnRow, given: Mapping[str, str], body: object, table: str
+    ) -> list[tuple[str, str | None]]:
+        message_id = row.unique_id or str(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"{self.endpoint(table)}#{row.native_id}")
+        )
+        type_name = body.get("$type") if isinstance(body, dict) else None
+        enclosed = (
+            self._type_names.get(type_name, type_name) if isinstance(type_name, str) else None
+        )
+        return [
+            (MESSAGE_ID, message_id),
+            (CORRELATION_ID, row.correlation_id or None),
+            (REPLY_TO_ADDRESS, given.get(REPLY_TO) or row.from_endpoint or None),
+            ("NServiceBus.OriginatingEndpoint", row.from_endpoint or None),
+            (ENCLOSED_TYPES, enclosed),
+            ("NServiceBus.ContentType", "application/json"),
+            (TIME_SENT, format_timestamp(self.to_utc(row.insert_time))),
+            ("NServiceBus.MessageIntent", "Send"),
+        ]
+
+    # -- rows written ----------------------------------------------------------------------------
+
+    def outgoing(self, envelope: Envelope, now: float, table: str) -> OutgoingNGinnRow:
+        """The row for `envelope` in table `table`; HeadersFormatError for a message NGinn
+        could not take (the sink rejects it: it goes to the error queue)."""
+        headers = envelope.headers
+        unique_id = headers.get(MESSAGE_ID) or None
+        if unique_id is not None and len(unique_id) > UNIQUE_ID_CHARS:
+            raise HeadersFormatError(
+                f"NServiceBus.MessageId {unique_id[:60]!r} is longer than NGinn's unique_id "
+                f"({UNIQUE_ID_CHARS} characters)"
+            )
+        correlation = headers.get(CORRELATION_ID) or None
+        if correlation is not None and len(correlation) > CORRELATION_CHARS:
+            raise HeadersFormatError(
+                f"NServiceBus.CorrelationId is longer than NGinn's correlation_id "
+                f"({CORRELATION_CHARS} characters)"
+            )
+        type_name = _first_type(headers.get(ENCLOSED_TYPES))
+        copy = FAILED_Q in headers
+        text = self._body(envelope.body, type_name, copy)
+        pairs = [
+            (k, v)
+            for k, v in headers
+            if k not in COLUMN_HEADERS and k not in _OWN and k not in (TTL, REPLY_TO)
+        ]
+        lifetime = time_to_live_ms(envelope, now)
+        if lifetime is not None:
+            expires = datetime.fromtimestamp(now + lifetime / 1000, self.zone)
+            pairs.append((TTL, expires.strftime(TTL_FORMAT)))
+        written, left_out = format_headers(pairs)
+        if left_out:
+            written = f"{written}|{LEFT_OUT}={len(left_out)}" if written else f"{LEFT_OUT}=1"
+            self._count(left_out)
+        return OutgoingNGinnRow(
+            from_endpoint=self._sender(headers.get(REPLY_TO_ADDRESS)),
+            to_endpoint=self.endpoint(table),
+            error_info=headers.get(EXCEPTION_MESSAGE) if copy else None,
+            msg_text=text,
+            correlation_id=correlation,
+            label=(type_name or "")[:LABEL_CHARS] or None,
+            headers=written,
+            unique_id=unique_id,
+        )
+
+    def _body(self, body: bytes, type_name: str | None, copy: bool) -> str:
+        """The body as NGinn reads it: UTF-8 JSON with `$type` first, from the type map where
+        the body has none. An error-queue copy is written as it is (it is not for a handler)."""
+        if copy:
+            return body.decode("utf-8", errors="replace")
+        try:
+            text = body.decode("utf-8")
+            parsed = json.loads(text)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise HeadersFormatError(
+                f"the body is not UTF-8 JSON, which NGinn needs: {exc}"
+            ) from exc
+        if not isinstance(parsed, dict):
+            raise HeadersFormatError("the body is not a JSON object, which NGinn needs")
+        if "$type" in parsed:
+            return text
+        nginn_type = self.types.get(type_name or "")
+        if nginn_type is None:
+            raise HeadersFormatError(
+                f"no `nginn.types` entry for message type {type_name!r}: NGinn dispatches on "
+                "the body's $type"
+            )
+        return _with_type(text, nginn_type)
+
+    def _sender(self, reply_to: str | None) -> str:
+        """`from_endpoint`: `sql://<alias>/<the reply queue's table>`, else `.../bridge`."""
+        table = _table_of(reply_to) if reply_to else ""
+        endpoint = self.endpoint(table) if table else ""
+        if reply_to and reply_to.startswith("sql://"):
+            endpoint = reply_to
+        if not endpoint or len(endpoint) > ENDPOINT_CHARS:
+            endpoint = self.endpoint("bridge")
+        return endpoint
+
+    def _count(self, names: list[str]) -> None:
+        self.left_out += len(names)
+        new = [name for name in names if name not in self._warned]
+        if new:
+            self._warned.update(new)
+            log.warning(
+                "NGinn rows cannot carry header(s) %s (a `|` or `=`, a null value or padding "
+                "spaces): left out, and counted in each row's %s header",
+                ", ".join(sorted(set(new))),
+                LEFT_OUT,
+            )
+
+
+def _expired(headers: bytes | str | None, db_now: datetime) -> bool:
+    """Whether the row's `_NG-TTL` is before the database's local time (unreadable: not)."""
+    try:
+        ttl = dict(parse_headers(_text(headers))).get(TTL)
+        return ttl is not None and parse_local(ttl) < db_now
+    except (HeadersFormatError, UnicodeDecodeError, ValueError):
+        return False
+
+
+def _first_type(enclosed: str | None) -> str | None:
+    """The full name of the first enclosed type (`Ns.Type, Asm, Version=...;...` -> `Ns.Type`)."""
+    if not enclosed:
+        return None
+    return enclosed.split(";", 1)[0].split(",", 1)[0].strip() or None
+
+
+def _with_type(text: str, nginn_type: str) -> str:
+    """`text` (a JSON object) with `"$type"` inserted as its first property, the rest as it was."""
+    start = text.index("{") + 1
+    rest = text[start:]
+    member = f'"$type":{json.dumps(nginn_type)}'
+    return text[:start] + member + ("" if rest.lstrip().startswith("}") else ",") + rest
+
+
+def _table_of(address: str) -> str:
+    """The queue name in an address: `Sales@[dbo]@[db]`, `"public"."Sales"`, `Sales`."""
+    if address.startswith("sql://"):
+        return address.rsplit("/", 1)[-1]
+    if "@" in address:
+        return address.split("@", 1)[0].strip("[]")
+    if address.endswith('"') and '"."' in address:
+        return address.rsplit('"."', 1)[1][:-1].replace('""', '"')
+    return address
+
+
+def utc_to_local(utc: str, zone: ZoneInfo) -> datetime:
+    """A UTC time as SQLite writes it (`YYYY-MM-DD HH:MM:SS.SSS`) as naive local time in `zone`."""
+    return datetime.fromisoformat(utc).replace(tzinfo=UTC).astimezone(zone).replace(tzinfo=None)
