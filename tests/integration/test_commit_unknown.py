@@ -225,6 +225,8 @@ class Rig:
                 f"    to: {{connection: {case.to_connection}, {dst}: {case.dst}}}",
                 f"    batch_size: {BATCH}",
                 f"    concurrency: {CONCURRENCY}",
+                # Its own, removed afterwards: the broker's `bridge.error` is other tests' too.
+                f"    error_queue: {case.src}.errors",
             ]
         self.config.write_text("\n".join(lines) + "\n")
 
@@ -355,7 +357,7 @@ class Rig:
         connection = pika.BlockingConnection(pika.URLParameters(self.rabbit))
         channel = connection.channel()
         for case in self.cases:
-            for name in (case.src, case.dst):
+            for name in (case.src, case.dst, f"{case.src}.errors"):
                 channel.queue_delete(name)
                 channel.exchange_delete(name)
         connection.close()
