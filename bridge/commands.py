@@ -337,17 +337,22 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
                 "depth": stats.depth,
                 "oldest_age_seconds": stats.oldest_age_seconds,
                 "expired": stats.expired,
+                "delayed": stats.delayed,
+                "next_due_seconds": stats.next_due_seconds,
             }
         )
     age = stats.oldest_age_seconds
-    return "\n".join(
-        [
-            f"{connection}/{queue}",
-            f"  depth:   {stats.depth}",
-            f"  oldest:  {'-' if age is None else f'{age:.1f} s'}",
-            f"  expired: {stats.expired}",
-        ]
-    )
+    lines = [
+        f"{connection}/{queue}",
+        f"  depth:   {stats.depth}",
+        f"  oldest:  {'-' if age is None else f'{age:.1f} s'}",
+        f"  expired: {stats.expired}",
+    ]
+    if stats.delayed is not None:
+        due = stats.next_due_seconds
+        lines.append(f"  delayed: {stats.delayed}")
+        lines.append(f"  next due: {'-' if due is None else f'in {max(due, 0.0):.1f} s'}")
+    return "\n".join(lines)
 
 
 async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) -> int:

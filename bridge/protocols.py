@@ -195,6 +195,10 @@ class QueueStats:
     depth: int
     oldest_age_seconds: float | None = None
     expired: int = 0
+    #: Delayed messages waiting for the address, and seconds until the next is due (negative:
+    #: overdue); None where the transport keeps none there or cannot tell.
+    delayed: int | None = None
+    next_due_seconds: float | None = None
 
 
 @dataclass(frozen=True)

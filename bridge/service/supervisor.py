@@ -8,6 +8,9 @@ flight are not taken for an empty queue); a route that fails for good in that mo
 run at once (the other routes finish the batches in hand) and makes it exit 1 with the
 route's error. `summary()` is what each route did, which `bridge run` prints in that mode.
 
+Every SQL destination of the routes gets a mover of its delayed messages
+(`bridge.service.movers`), which runs until the routes stop.
+
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
 group's lag for a Kafka topic (from the destination's stored positions when it keeps them).
@@ -34,6 +37,7 @@ from bridge.protocols import (
 from bridge.routing.rules import RouteRules
 from bridge.routing.runner import Probe, RouteRunner
 from bridge.service.http import HealthServer, RunnerStatus
+from bridge.service.movers import movers
 from bridge.service.summary import RouteSummary, RunSummary
 from bridge.service.workers import WorkerLink
 from bridge.telemetry.metrics import Metrics
@@ -219,6 +223,10 @@ class Supervisor:
                 asyncio.create_task(self._run_route(r), name=r.route.name) for r in self.runners
             ]
             depths = asyncio.create_task(self._watch_depths(), name="depths")
+            moving = [  # delayed messages (`bridge.service.movers`)
+                asyncio.create_task(m.run(self._stopping), name=f"mover {m.address}")
+                for m in movers(self.config, self.routes, self._transport)
+            ]
             if self.until_idle is not None:
                 tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))
             log.info("running %d route(s)", len(self.runners))
@@ -226,6 +234,7 @@ class Supervisor:
             self._ended = time.monotonic()
             self._stopping.set()
             await depths
+            await asyncio.gather(*moving)
         finally:
             if self.http is not None:
                 self.http.stop()

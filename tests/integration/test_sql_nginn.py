@@ -123,7 +123,9 @@ async def test_rows_nginn_inserts_are_taken_many_per_transaction_and_kept_as_x(
     assert all(r["last_processed"] is not None for r in rows[:3])
     processed = datetime.fromisoformat(str(rows[0]["last_processed"]))
     assert abs((processed - nginn.now()).total_seconds()) < 5, "last_processed in local time"
-    assert await bridge.peek(db.table) == type(await bridge.peek(db.table))(0, None, 0)
+    stats = await bridge.peek(db.table)
+    assert (stats.depth, stats.oldest_age_seconds, stats.expired) == (0, None, 0)
+    assert stats.delayed == 1  # the `R` row waits (tests/integration/test_sql_delayed.py)
 
 
 async def test_an_aborted_batch_leaves_its_rows_ready(db: Db, bridge: Transport) -> None:
