@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BridgeConfig",
     "ConnectionConfig",
+    "Delays",
     "DerivedRoute",
     "Endpoint",
     "HeaderRules",
@@ -176,6 +177,14 @@ class Proxies(Strict):
     )
 
 
+class Delays(Strict):
+    connection: str = Field(
+        min_length=1,
+        description="The SQL connection whose `BridgeDelays` table holds delayed messages for "
+        "destinations that cannot delay (Kafka) until they are due.",
+    )
+
+
 class BridgeConfig(Strict):
     http: HttpConfig | None = None
     connections: dict[str, ConnectionConfig] = Field(description="Named connections.")
@@ -186,6 +195,9 @@ class BridgeConfig(Strict):
         "bridge derives a proxy and a route for it on every other connection.",
     )
     proxies: Proxies = Field(Proxies(), description="How proxies are made and read.")
+    delays: Delays | None = Field(
+        None, description="Where delays wait for destinations without delayed delivery."
+    )
 
     @cached_property
     def registry(self) -> Registry:

@@ -8,8 +8,9 @@ flight are not taken for an empty queue); a route that fails for good in that mo
 run at once (the other routes finish the batches in hand) and makes it exit 1 with the
 route's error. `summary()` is what each route did, which `bridge run` prints in that mode.
 
-Every SQL destination of the routes gets a mover of its delayed messages
-(`bridge.service.movers`), which runs until the routes stop.
+Every SQL queue table of the routes gets a mover of its delayed messages
+(`bridge.service.movers`), and with `delays:` the messages delayed for destinations that
+cannot delay are sent when due (`bridge.service.delaying`); both run until the routes stop.
 
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
@@ -36,6 +37,7 @@ from bridge.protocols import (
 )
 from bridge.routing.rules import RouteRules
 from bridge.routing.runner import Probe, RouteRunner
+from bridge.service.delaying import delayed_producer, delaying_sink
 from bridge.service.http import HealthServer, RunnerStatus
 from bridge.service.movers import movers
 from bridge.service.summary import RouteSummary, RunSummary
@@ -86,6 +88,13 @@ class Supervisor:
         sink_transport = self._transport(route.to.connection)
 
         def endpoints() -> tuple[Source, Sink]:
+            source, sink = plain()
+            to = route.to
+            return source, delaying_sink(
+                self.config, to.connection, to.address, route.key, sink, self._transport
+            )
+
+        def plain() -> tuple[Source, Sink]:
             if route.from_.connection == route.to.connection:
                 source = source_transport.source(
                     route.from_.address, error_queue=self.config.error_queue_of(route)
@@ -223,10 +232,13 @@ class Supervisor:
                 asyncio.create_task(self._run_route(r), name=r.route.name) for r in self.runners
             ]
             depths = asyncio.create_task(self._watch_depths(), name="depths")
-            moving = [  # delayed messages (`bridge.service.movers`)
+            moving = [  # delayed messages (`bridge.service.movers`, `delaying`)
                 asyncio.create_task(m.run(self._stopping), name=f"mover {m.address}")
                 for m in movers(self.config, self.routes, self._transport)
             ]
+            producer = delayed_producer(self.config, self._transport)
+            if producer is not None:
+                moving.append(asyncio.create_task(producer.run(self._stopping), name="delays"))
             if self.until_idle is not None:
                 tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))
             log.info("running %d route(s)", len(self.runners))

@@ -77,6 +77,7 @@ from bridge.errors import TransportError
 from bridge.protocols import CheckpointStore, QueueStats, ServerConnections
 from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.delay_table import DelayTable
 from bridge.transports.sql.delayed import seconds_to_next_due
 from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
 from bridge.transports.sql.pool import Pool
@@ -169,6 +170,15 @@ class Transport(RangeReads):
         """Create the queue tables (idempotent) and return the DDL run; with `print_only` run
         nothing and return that DDL as the database's own client would run it, as printed."""
         statements = self.install_statements(addresses)
+        if print_only:
+            return self.dialect.printable(statements)
+        await self._run(partial(_execute_each, statements))
+        return statements
+
+    async def install_delay_table(self, *, print_only: bool = False) -> list[str]:
+        """Create `BridgeDelays` (`delay_table`: this is the `delays:` connection), as
+        `install` creates queue tables."""
+        statements = list(DelayTable(self.dialect).create)
         if print_only:
             return self.dialect.printable(statements)
         await self._run(partial(_execute_each, statements))
