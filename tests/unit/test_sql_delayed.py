@@ -16,7 +16,9 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
+from bridge.config.loader import parse_config
 from bridge.envelope import Envelope, Headers
+from bridge.errors import ConfigError
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.config import PostgresConnection, SqlServerConnection
 from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
@@ -248,3 +250,32 @@ def test_nginn_delays_are_r_rows_due_by_the_database_clock(kind: str) -> None:
     if kind == "sqlserver":
         assert [type(t).__name__ for t in parse(statements.store)] == ["Declare", "Insert"]
         assert [type(t).__name__ for t in parse(statements.next_due)] == ["Select"]
+
+
+# -- `delays:` (messaging-bridge.md §4) ---------------------------------------------------------
+
+DELAYS_CONFIG = """\
+connections:
+  local: {type: sqlite, path: ./bridge.db}
+  kafka: {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+routes: []
+delays: {connection: NAME}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("nowhere", "routes.yaml:5:22: delays.connection: no connection 'nowhere' (known: kafka"),
+        ("kafka", "routes.yaml:5:22: delays.connection: 'kafka' is a kafka connection; delays"),
+    ],
+)
+def test_delays_names_a_sql_connection_where_it_is_written(name: str, said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(DELAYS_CONFIG.replace("NAME", name), "routes.yaml", {})
+    assert str(info.value).startswith(said)
+
+
+def test_delays_on_a_sql_connection_is_fine() -> None:
+    config = parse_config(DELAYS_CONFIG.replace("NAME", "local"), "routes.yaml", {}).config
+    assert config.delays is not None and config.delays.connection == "local"

@@ -1,0 +1,206 @@
+"""Delayed tables on real PostgreSQL and SQLite: many delayed messages due at one second are
+moved once each, in batches, by two movers competing; a message NServiceBus delayed on the
+source side crosses PostgreSQL -> RabbitMQ once and at once, its `NServiceBus.DeliverAt` never
+read; a row whose ForwardDestination names another queue goes there on the source connection.
+
+NServiceBus.SqlServer: Sql.Shared/DelayedDelivery/DueDelayedMessageProcessor.cs:86-101 (one
+transaction per batch), DelayedDeliveryOptions.cs:38 (batches of 100), PostgreSqlConstants.cs:
+21-30 (the store, used here to write the rows as an endpoint would), :46-53 (the move),
+Sql.Shared/Receiving/ProcessStrategy.cs:75-124 (a receiver strips ForwardDestination; when it
+names another queue, the message is sent there in the receive's transaction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pika
+import psycopg
+import pytest
+
+from bridge.config.loader import load_config
+from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.wireformat import format_timestamp
+from bridge.service.movers import DelayedMover
+from bridge.transports import load
+from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
+from bridge.transports.sql.transport import Transport as SqlTransport
+from tests.faults import BridgeProcess
+from tests.support.queues import drain
+
+pytestmark = pytest.mark.integration
+
+MANY = 10_000
+
+
+def rabbit_arrivals(url: str, queue: str, until: float) -> list[tuple[float, Any]]:
+    """When each message reached `queue` and its properties: the first, polled until `until`,
+    then any that follow within 2 s."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    arrivals: list[tuple[float, Any]] = []
+    try:
+        while time.time() < until and not arrivals:
+            method, properties, _ = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                time.sleep(0.05)
+                continue
+            arrivals.append((time.time(), properties))
+        time.sleep(2.0)
+        while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+            arrivals.append((time.time(), got[1]))
+    finally:
+        connection.close()
+    return arrivals
+
+
+def sql_connection(kind: str, tmp_path: Path, pg_dsn: str, schema: str) -> dict[str, Any]:
+    if kind == "sqlite":
+        return {"type": "sqlite", "path": str(tmp_path / "q.db")}
+    return {"type": "postgresql", "dsn": pg_dsn, "schema": schema}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_10000_delayed_messages_due_at_one_second_are_moved_once_in_batches(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, kind: str
+) -> None:
+    from bridge.config.models import BridgeConfig
+
+    config = BridgeConfig.model_validate(
+        {"connections": {"db": sql_connection(kind, tmp_path, pg_dsn, pg_schema)}}
+    )
+    transport = load("db", config.connections["db"])
+    assert isinstance(transport, SqlTransport)
+    movers = [DelayedMover(transport, "Out"), DelayedMover(transport, "Out")]
+    stopping = asyncio.Event()
+    try:
+        await transport.install(["Out"])
+        due = time.time() + 1.5
+        sink = transport.sink("Out")
+        sent = [f"m-{n}" for n in range(MANY)]
+        await sink.send(
+            [Envelope(Headers([("NServiceBus.MessageId", i)]), b"{}", deliver_at=due) for i in sent]
+        )
+        await sink.close()
+        assert (await transport.peek("Out")).delayed == MANY
+        running = [asyncio.create_task(m.run(stopping)) for m in movers]
+        await asyncio.sleep(max(0.0, due - time.time()))
+        before = sum(m.moves for m in movers)
+        started = time.monotonic()
+        deadline = started + 60
+        while time.monotonic() < deadline:
+            if not (await transport.peek("Out")).delayed:
+                break
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - started
+        stopping.set()
+        await asyncio.gather(*running)
+        moves = sum(m.moves for m in movers) - before
+        got = [e.message_id for e in await drain(transport, "Out", batch_size=5000)]
+    finally:
+        stopping.set()
+        await transport.close()
+    print(f"\n{kind}: {MANY} due at one second moved in {took:.2f} s, {moves} transactions")
+    assert sorted(got) == sorted(sent)  # each once
+    # Batches of 100 (and a few that found nothing, or the rest): never one per message.
+    assert MANY // 100 <= moves < MANY // 20
+
+
+async def test_a_message_nservicebus_delayed_crosses_postgresql_to_rabbitmq_once_and_at_once(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str, rabbitmq_queues: Any
+) -> None:
+    """An NServiceBus endpoint delayed it: a row of the source's Delayed table, moved by the
+    mover into the source, which takes it; `NServiceBus.DeliverAt` says a minute later (the
+    sender's clock ahead of the database's), and must not delay it again."""
+    queue = rabbitmq_queues("Billing")
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              pg: {{type: postgresql, dsn: "{pg_dsn}", schema: {pg_schema}}}
+              rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", topology: direct}}
+            routes:
+              - name: sales-to-billing
+                from: {{connection: pg, queue: Sales}}
+                to: {{connection: rabbit, queue: "{queue}"}}
+            """
+        )
+    )
+    loaded = load_config(config).config
+    pg = load("pg", loaded.connections["pg"])
+    rabbit = load("rabbit", loaded.connections["rabbit"])
+    assert isinstance(pg, SqlTransport)
+    try:
+        await pg.install(["Sales", "Other"])
+        await rabbit.install([queue])
+    finally:
+        await rabbit.close()
+    delayed = pg.dialect.delayed_statements("Sales")
+    due_in_ms = 1500
+    due = time.time() + due_in_ms / 1000
+    deliver_at = format_timestamp(datetime.fromtimestamp(due + 60, UTC))
+    rows = []
+    for message_id, forward in (("to-billing", "Sales"), ("to-other", "Other")):
+        headers = Headers(
+            [
+                ("NServiceBus.MessageId", message_id),
+                ("NServiceBus.DeliverAt", deliver_at),
+                ("NServiceBus.EnclosedMessageTypes", "Sales.OrderBilled"),
+            ]
+        )
+        rows.append(
+            store_params(pg.dialect, Envelope(headers, b"{}"), due_in_ms, forward, time.time())
+        )
+    with psycopg.connect(pg_dsn) as db:
+        db.cursor().executemany(delayed.store, rows)
+    process = BridgeProcess(config, "run").start()
+    try:
+        arrivals = await asyncio.to_thread(rabbit_arrivals, rabbitmq_url, queue, due + 10)
+        process.stop()
+        other = await drain(pg, "Other")
+        left = await pg.peek("Sales")
+    finally:
+        process.kill()
+        await pg.close()
+    assert [p.message_id for _, p in arrivals] == ["to-billing"], process.output()
+    arrived, properties = arrivals[0]
+    lateness = arrived - due
+    print(f"\nNServiceBus delayed message PostgreSQL -> RabbitMQ: {lateness:+.2f} s after due")
+    assert 0 <= lateness < 2.5, f"{lateness:.2f} s after it was due: delayed again?"
+    headers = properties.headers or {}
+    assert headers["NServiceBus.DeliverAt"] == deliver_at  # information only, carried on
+    assert FORWARD_DESTINATION not in headers  # stripped, as the receiver strips it
+    (forwarded,) = other
+    assert forwarded.message_id == "to-other"
+    assert FORWARD_DESTINATION not in forwarded.headers
+    assert (left.depth, left.delayed) == (0, 0)
+
+
+def test_send_delay_to_kafka_without_a_delays_connection_exits_2_with_the_reason(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        f'connections:\n  kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}"}}\n'
+        "routes: []\n"
+    )
+    command = [sys.executable, "-m", "bridge", "send", "kafka", "t", "--delay", "1.00:00:00"]
+    result = subprocess.run(
+        [*command, "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "connection 'kafka' (kafka) cannot hold a delayed message, and the config names no " in (
+        result.stderr
+    )
