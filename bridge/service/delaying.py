@@ -23,6 +23,7 @@ from bridge.config.kinds import RULES
 from bridge.config.models import BridgeConfig
 from bridge.envelope import Envelope
 from bridge.errors import BridgeError, HeadersFormatError, MessageRejected, MessagesRejected
+from bridge.nservicebus.delays import DELAY_WITH_TTL
 from bridge.protocols import Checkpoint, Sink, Transport
 from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
@@ -103,6 +104,8 @@ class DelayingSink:
             if due is None or due <= now:
                 rest.append(index)
                 continue
+            if envelope.expires_at is not None:
+                raise MessageRejected(f"delays: {DELAY_WITH_TTL}", index=index)
             try:
                 later.append(
                     self._table.store_params(envelope, round((due - now) * 1000), *self._to)

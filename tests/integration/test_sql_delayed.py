@@ -204,3 +204,33 @@ def test_send_delay_to_kafka_without_a_delays_connection_exits_2_with_the_reason
     assert "connection 'kafka' (kafka) cannot hold a delayed message, and the config names no " in (
         result.stderr
     )
+
+
+async def test_a_delay_with_a_time_to_live_is_refused_and_peek_shows_what_waits(
+    tmp_path: Path,
+) -> None:
+    """NServiceBus refuses a delayed message with a time to be received (it could expire while
+    it waits); `peek` shows the delayed messages waiting and when the next is due."""
+    from bridge.commands import describe_stats
+    from bridge.config.models import SqliteConnection
+    from bridge.errors import MessageRejected
+
+    transport = load("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    try:
+        await transport.install(["Out"])
+        sink = transport.sink("Out")
+        now = time.time()
+        later = Envelope(Headers([("NServiceBus.MessageId", "later")]), b"{}", deliver_at=now + 60)
+        expiring = Envelope(Headers(), b"{}", expires_at=now + 600, deliver_at=now + 60)
+        with pytest.raises(MessageRejected, match="NServiceBus refuses postponed") as refused:
+            await sink.send([later, expiring])
+        assert refused.value.index == 1
+        await sink.send([later])
+        await sink.close()
+        stats = await transport.peek("Out")
+    finally:
+        await transport.close()
+    assert (stats.depth, stats.delayed) == (0, 1)
+    assert stats.next_due_seconds is not None and 58 < stats.next_due_seconds <= 60
+    text = describe_stats("db", "Out", stats, as_json=False)
+    assert text.endswith(f"  delayed: 1\n  next due: in {stats.next_due_seconds:.1f} s")

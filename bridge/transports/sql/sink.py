@@ -41,6 +41,7 @@ from functools import partial
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError
+from bridge.nservicebus.delays import DELAY_WITH_TTL
 from bridge.protocols import Checkpoint, FencedCheckpoint
 from bridge.transports.sql.checkpoints import Checkpoints
 from bridge.transports.sql.connection import Connection
@@ -135,6 +136,9 @@ class SqlSink:
             try:
                 due = envelope.deliver_at
                 if due is not None and due > now:
+                    if envelope.expires_at is not None:
+                        where = f"{self._dialect.describe()}: table {self._address!r}"
+                        return MessageRejected(f"{where}: {DELAY_WITH_TTL}", index=index)
                     due_ms = round((due - now) * 1000)
                     delayed.append(store_params(self._dialect, envelope, due_ms, address, now))
                     continue
