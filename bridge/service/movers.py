@@ -16,7 +16,9 @@ clock, at most `MAX_WAIT` seconds (a row stored meanwhile by another process may
 sooner): so a delayed message arrives at most about that late. Movers of several processes and
 NServiceBus's own compete safely: each statement takes the rows it moves (SQL Server: READPAST,
 PostgreSQL: row locks, SQLite: one writer). A failure is logged and the loop tries again after
-a back-off of up to `MAX_BACKOFF` seconds (a missing delayed table: run `bridge install`).
+a back-off of up to `MAX_BACKOFF` seconds. A table without a delayed table (not installed by
+`bridge install`, or an endpoint's without delayed delivery) is said once and looked for again
+every `MAX_BACKOFF` seconds.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from bridge.protocols import Transport
 from bridge.transports.sql.config import KINDS as SQL_KINDS
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.delayed import MOVE_BATCH, move_due
+from bridge.transports.sql.dialects.base import DbConnection
 from bridge.transports.sql.transport import Transport as SqlTransport
 
 __all__ = ["MAX_BACKOFF", "MAX_WAIT", "DelayedMover", "movers"]
@@ -59,9 +62,23 @@ class DelayedMover:
         statements = dialect.delayed_statements(self.address)
         connection = Connection(dialect, pool=self.transport.pool)
         failures = 0
+        missing_said = False
         try:
             while not stopping.is_set():
                 try:
+                    if statements.table and not await connection.run(self._table_exists):
+                        if not missing_said:  # said once: an endpoint may create it later
+                            log.warning(
+                                "%s/%s has no delayed table %r: its delayed messages are not "
+                                "moved until it exists (`bridge install` creates it)",
+                                self.transport.name,
+                                self.address,
+                                statements.table,
+                            )
+                            missing_said = True
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stopping.wait(), timeout=MAX_BACKOFF)
+                        continue
                     next_due = await connection.run(
                         partial(move_due, dialect, statements, batch=self.batch)
                     )
@@ -85,6 +102,13 @@ class DelayedMover:
                     await asyncio.wait_for(stopping.wait(), timeout=wait)
         finally:
             await connection.close()
+
+    def _table_exists(self, db: DbConnection) -> bool:
+        dialect = self.transport.dialect
+        try:
+            return dialect.table_exists(db, dialect.delayed_statements(self.address).table)
+        finally:
+            db.rollback()
 
 
 def movers(
