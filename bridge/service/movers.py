@@ -10,9 +10,10 @@ A source's moved rows then go on as that source takes them (`bridge.transports.s
 a row an NServiceBus endpoint delayed for the queue the bridge reads goes over the route when
 due, once, and is never delayed again.
 
-Each loop moves a batch of due rows in one transaction (`MOVE_BATCH`, NServiceBus's default),
-again at once while rows are due, and otherwise waits until the next row is due by the database
-clock, at most `MAX_WAIT` seconds (a row stored meanwhile by another process may be due
+Each loop looks for due rows (a read: an idle table costs no write transaction), moves a batch
+of them in one transaction (`MOVE_BATCH`, NServiceBus's default) when there are, again at once
+(without looking first) while rows are due, and otherwise waits until the next row is due by
+the database clock, at most `MAX_WAIT` seconds (a row stored meanwhile by another process may be due
 sooner): so a delayed message arrives at most about that late. Movers of several processes and
 NServiceBus's own compete safely: each statement takes the rows it moves (SQL Server: READPAST,
 PostgreSQL: row locks, SQLite: one writer). A failure is logged and the loop tries again after
@@ -34,7 +35,7 @@ from bridge.errors import BridgeError
 from bridge.protocols import Transport
 from bridge.transports.sql.config import KINDS as SQL_KINDS
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.delayed import MOVE_BATCH, move_due
+from bridge.transports.sql.delayed import MOVE_BATCH, move_due, move_if_due
 from bridge.transports.sql.dialects.base import DbConnection
 from bridge.transports.sql.transport import Transport as SqlTransport
 
@@ -55,7 +56,7 @@ class DelayedMover:
         self.transport = transport
         self.address = address
         self.batch = batch
-        self.moves = 0  # transactions run (a test's look at the batching)
+        self.moves = 0  # looks and moves run (a test's look at the batching)
 
     async def run(self, stopping: asyncio.Event) -> None:
         dialect = self.transport.dialect
@@ -63,6 +64,7 @@ class DelayedMover:
         connection = Connection(dialect, pool=self.transport.pool)
         failures = 0
         missing_said = False
+        due_now = False  # rows were due after the last move: move again without a look
         try:
             while not stopping.is_set():
                 try:
@@ -79,13 +81,16 @@ class DelayedMover:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(stopping.wait(), timeout=MAX_BACKOFF)
                         continue
+                    move = move_due if due_now else move_if_due
                     next_due = await connection.run(
-                        partial(move_due, dialect, statements, batch=self.batch)
+                        partial(move, dialect, statements, batch=self.batch)
                     )
+                    due_now = next_due is not None and next_due <= 0
                     self.moves += 1
                     failures = 0
                     wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
                 except BridgeError as exc:
+                    due_now = False
                     failures += 1
                     wait = min(MAX_BACKOFF, 0.5 * 2**failures)
                     log.warning(

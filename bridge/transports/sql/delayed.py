@@ -44,6 +44,7 @@ __all__ = [
     "delayed_statements",
     "last_rows",
     "move_due",
+    "move_if_due",
     "seconds_to_next_due",
     "store_params",
 ]
@@ -136,6 +137,21 @@ def move_due(
         return seconds_to_next_due(statements, db)
     finally:
         db.rollback()
+
+
+def move_if_due(
+    dialect: Dialect, statements: DelayedStatements, db: DbConnection, batch: int
+) -> float | None:
+    """`move_due` when a row is due, by a read first (an idle table costs no write
+    transaction, which on SQLite would take the file's write lock); the seconds until the
+    earliest row left is due (None: none left)."""
+    try:
+        waiting = seconds_to_next_due(statements, db)
+    finally:
+        db.rollback()
+    if waiting is None or waiting > 0:
+        return waiting
+    return move_due(dialect, statements, db, batch)
 
 
 def seconds_to_next_due(statements: DelayedStatements, db: DbConnection) -> float | None:
