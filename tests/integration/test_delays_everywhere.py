@@ -39,7 +39,6 @@ pytestmark = pytest.mark.integration
 
 DELAY = 5.0
 SENDING = 1.5  # seconds the five sends take at most
-PG_DSN = "host=127.0.0.1 dbname=test user=postgres"
 
 
 def bridge(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -51,13 +50,15 @@ def bridge(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def write_config(tmp_path: Path, kafka: str, rabbit: str, schema: str, rabbit_queue: str) -> Path:
+def write_config(
+    tmp_path: Path, kafka: str, rabbit: str, dsn: str, schema: str, rabbit_queue: str
+) -> Path:
     config = tmp_path / "routes.yaml"
     config.write_text(
         textwrap.dedent(
             f"""\
             connections:
-              pg: {{type: postgresql, dsn: "{PG_DSN}", schema: {schema}}}
+              pg: {{type: postgresql, dsn: "{dsn}", schema: {schema}}}
               lite: {{type: sqlite, path: "{tmp_path / "lite.db"}"}}
               ng: {{type: sqlite, path: "{tmp_path / "ng.db"}", layout: nginn,
                     nginn: {{timezone: Europe/Warsaw, retries: true,
@@ -100,16 +101,16 @@ def rabbit_arrived(url: str, queue: str) -> list[str]:
 
 @pytest.mark.parametrize("kill", [False, True], ids=["running", "killed-while-waiting"])
 async def test_a_5s_delay_to_every_kind_of_destination_arrives_after_5s_and_soon_after(
-    tmp_path: Path, kafka_bootstrap: str, rabbitmq_url: str, kill: bool
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    rabbitmq_url: str,
+    rabbitmq_queues: Callable[[str], str],
+    pg_dsn: str,
+    pg_schema: str,
+    kill: bool,
 ) -> None:
-    schema, topic, rabbit_queue = unique("delays"), unique("delayed"), unique("Delayed")
-    config = write_config(tmp_path, kafka_bootstrap, rabbitmq_url, schema, rabbit_queue)
-    pg_admin = await asyncio.to_thread(
-        subprocess.run,
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "test", "-c", f"CREATE SCHEMA {schema}"],
-        capture_output=True,
-    )
-    assert pg_admin.returncode == 0, pg_admin.stderr
+    topic, rabbit_queue = unique("delayed"), rabbitmq_queues("Delayed")
+    config = write_config(tmp_path, kafka_bootstrap, rabbitmq_url, pg_dsn, pg_schema, rabbit_queue)
     installed = await asyncio.to_thread(bridge, config, "install")
     assert installed.returncode == 0, installed.stderr
     loaded = load_config(config).config
@@ -181,20 +182,6 @@ async def test_a_5s_delay_to_every_kind_of_destination_arrives_after_5s_and_soon
         await consumer.stop()
         for transport in transports.values():
             await transport.close()
-        await asyncio.to_thread(
-            subprocess.run,
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "test",
-                "-c",
-                f"DROP SCHEMA {schema} CASCADE",
-            ],
-            capture_output=True,
-        )
     assert got == {name: [f"{name}-delayed"] for name in ends}, process.output()
     lateness = {name: arrived[name] - due for name in ends}
     print(f"\nlateness ({'killed' if kill else 'running'}):", end="")
