@@ -13,6 +13,7 @@ names another queue, the message is sent there in the receive's transaction).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import textwrap
 import time
 from datetime import UTC, datetime
@@ -234,3 +235,77 @@ async def test_a_delay_with_a_time_to_live_is_refused_and_peek_shows_what_waits(
     assert stats.next_due_seconds is not None and 58 < stats.next_due_seconds <= 60
     text = describe_stats("db", "Out", stats, as_json=False)
     assert text.endswith(f"  delayed: 1\n  next due: in {stats.next_due_seconds:.1f} s")
+
+
+class Refusing:
+    """A sink that refuses the message with id `refused` (as Kafka refuses a record too
+    large), and keeps the others."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.later = asyncio.Event()
+
+    async def send(self, envelopes: Any, checkpoint: Any = None) -> None:
+        from bridge.errors import MessageRejected
+
+        for index, envelope in enumerate(envelopes):
+            if envelope.message_id == "refused":
+                raise MessageRejected("too large", index=index)
+            self.sent.append(envelope.message_id)
+            if envelope.message_id == "later":
+                self.later.set()
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_delays_for_a_destination_that_cannot_delay_wait_in_bridgedelays(
+    tmp_path: Path,
+) -> None:
+    """`delays:`: a send's messages due later are stored in BridgeDelays, the others go on at
+    once, and a refusal names the message by its place in the whole send; the producer sends
+    the stored ones when due, and deletes them."""
+    from bridge.config.models import BridgeConfig
+    from bridge.errors import MessageRejected
+    from bridge.service.delaying import DelayedProducer, delaying_sink
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {"type": "sqlite", "path": str(tmp_path / "q.db")},
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    inner = Refusing()
+    sink = delaying_sink(config, "kafka", "topic", None, inner, lambda name: lite)
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        due = time.time() + 1.0
+
+        def message(message_id: str, deliver_at: float | None = None) -> Envelope:
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            return Envelope(headers, b"{}", deliver_at=deliver_at)
+
+        with pytest.raises(MessageRejected) as refused:
+            await sink.send([message("later", due), message("now"), message("refused")])
+        assert refused.value.index == 2  # its place in the send, not among those sent on
+        assert inner.sent == ["now"]
+        producer = DelayedProducer(lite, lambda connection, address, key: inner)
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.wait_for(inner.later.wait(), timeout=10)
+        arrived = time.time()
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await sink.close()
+        await lite.close()
+    assert inner.sent == ["now", "later"]
+    assert 0 <= arrived - due < 1.5
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        assert db.execute('SELECT count(*) FROM "BridgeDelays"').fetchone() == (0,)
