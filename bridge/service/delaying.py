@@ -22,7 +22,13 @@ from functools import partial
 from bridge.config.kinds import RULES
 from bridge.config.models import BridgeConfig
 from bridge.envelope import Envelope
-from bridge.errors import BridgeError, HeadersFormatError, MessageRejected, MessagesRejected
+from bridge.errors import (
+    BridgeError,
+    HeadersFormatError,
+    MessageRejected,
+    MessagesRejected,
+    TransportError,
+)
 from bridge.nservicebus.delays import DELAY_WITH_TTL
 from bridge.protocols import Checkpoint, Sink, Transport
 from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
@@ -193,7 +199,13 @@ class DelayedProducer:
             for to, taken in groups.items():
                 sink = self._sinks.get(to)
                 if sink is None:
-                    sink = self._sinks[to] = self._sink(*to)
+                    try:
+                        sink = self._sinks[to] = self._sink(*to)
+                    except KeyError:  # a row stored under a config that had the connection
+                        raise TransportError(
+                            f"BridgeDelays holds a message for connection {to[0]!r}, which the "
+                            "config does not name"
+                        ) from None
                 await sink.send([row.envelope for row in taken])
             await db.run(partial(self.table.done, [row.id for row in rows]))
         except BaseException:
