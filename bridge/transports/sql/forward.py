@@ -39,9 +39,9 @@ class Forwards:
     def take(self, envelope: Envelope, db: DbConnection) -> Envelope | PoisonMessage | None:
         """`envelope` with the header stripped when it is this queue's; None when it was sent
         on to another table in `db`'s open transaction; a poison message when it cannot be."""
-        target = envelope.headers.get(FORWARD_DESTINATION)
-        if FORWARD_DESTINATION not in envelope.headers:
+        if FORWARD_DESTINATION not in envelope.headers:  # one look for nearly every message
             return envelope
+        target = envelope.headers.get(FORWARD_DESTINATION)
         envelope.headers.remove(FORWARD_DESTINATION)
         if not target:
             return envelope
