@@ -309,3 +309,50 @@ async def test_delays_for_a_destination_that_cannot_delay_wait_in_bridgedelays(
     assert 0 <= arrived - due < 1.5
     with sqlite3.connect(tmp_path / "q.db") as db:
         assert db.execute('SELECT count(*) FROM "BridgeDelays"').fetchone() == (0,)
+
+
+async def test_a_forward_destination_that_does_not_exist_is_a_poison_message(
+    tmp_path: Path,
+) -> None:
+    """NServiceBus fails a message whose ForwardDestination table does not exist
+    (ProcessStrategy.cs:104-121: QueueNotFoundException); the bridge sends it to the error
+    queue with the reason, and takes the rows around it as usual."""
+    from bridge.config.models import SqliteConnection
+
+    transport = load("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    try:
+        await transport.install(["In", "err"])
+        sink = transport.sink("In")
+        await sink.send(
+            [
+                Envelope(Headers([("NServiceBus.MessageId", "a")]), b"{}"),
+                Envelope(
+                    Headers(
+                        [("NServiceBus.MessageId", "b"), (FORWARD_DESTINATION, '"main"."Nowhere"')]
+                    ),
+                    b"{}",
+                ),
+                Envelope(
+                    Headers([("NServiceBus.MessageId", "c"), (FORWARD_DESTINATION, '"main"."In"')]),
+                    b"{}",
+                ),
+            ]
+        )
+        await sink.close()
+        source = transport.source("In", error_queue="err")
+        batch = await source.receive_batch(10, 1.0)
+        async with batch:
+            taken = [(e.message_id, FORWARD_DESTINATION in e.headers) for e in batch.messages]
+            (poison,) = batch.poison
+            await batch.commit()
+        await source.close()
+        errors = await drain(transport, "err")
+    finally:
+        await transport.close()
+    assert taken == [("a", False), ("c", False)]
+    assert 'NServiceBus.SqlServer.ForwardDestination \'"main"."Nowhere"\' does not exist' in (
+        poison.reason
+    )
+    (copy,) = errors  # an error copy with readable headers (a retry of it crosses)
+    assert copy.message_id == "b" and FORWARD_DESTINATION not in copy.headers
+    assert "does not exist" in (copy.headers.get("NServiceBus.ExceptionInfo.Message") or "")

@@ -18,7 +18,6 @@ from typing import cast
 
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
-from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.addresses import address_key
 from bridge.transports.sql.config import SqlConnection
 from bridge.transports.sql.delayed import FORWARD_DESTINATION
@@ -64,8 +63,10 @@ class Forwards:
         return None
 
     def _poison(self, envelope: Envelope, reason: str) -> PoisonMessage:
+        # Its headers are readable: the error copy carries them as headers, not as raw text
+        # (which would make a retry from the error queue a poison message again).
         return PoisonMessage(
-            raw_headers=headers_codec.write(envelope.headers),
+            raw_headers=None,
             body=bytes(envelope.body),
             reason=f"{self._dialect.describe()}: {reason}",
             exception_type="QueueNotFoundException",
