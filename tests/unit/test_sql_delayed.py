@@ -279,3 +279,17 @@ def test_delays_names_a_sql_connection_where_it_is_written(name: str, said: str)
 def test_delays_on_a_sql_connection_is_fine() -> None:
     config = parse_config(DELAYS_CONFIG.replace("NAME", "local"), "routes.yaml", {}).config
     assert config.delays is not None and config.delays.connection == "local"
+
+
+def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
+    """`BridgeDelays` (this project's: bridge.transports.sql.delay_table) on SQL Server."""
+    from bridge.transports.sql.delay_table import DelayTable
+
+    table = DelayTable(sqlserver())
+    (create,) = table.create
+    guard, _, ddl = create.partition("\n")
+    assert guard == "IF OBJECT_ID(N'[nservicebus].[dbo].[BridgeDelays]', N'U') IS NULL"
+    for statement in (ddl, table.store, table.take, table.next_due, table.delete):
+        (tree,) = parse(statement)
+        names = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table)}
+        assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement

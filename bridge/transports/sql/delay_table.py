@@ -51,10 +51,10 @@ class DelayTable:
             literal = t.replace("'", "''")
             self.create: tuple[str, ...] = (
                 f"IF OBJECT_ID(N'{literal}', N'U') IS NULL\n"
-                f"CREATE TABLE {t} (Id uniqueidentifier NOT NULL PRIMARY KEY, "
-                "Connection nvarchar(200) NOT NULL, Address nvarchar(400) NOT NULL, "
-                "RecordKey nvarchar(400) NULL, Headers nvarchar(max) NOT NULL, "
-                "Body varbinary(max), Due datetime NOT NULL, INDEX Index_Due (Due))",
+                f"CREATE TABLE {t} (\n  Id uniqueidentifier NOT NULL PRIMARY KEY,\n"
+                "  Connection nvarchar(200) NOT NULL,\n  Address nvarchar(400) NOT NULL,\n"
+                "  RecordKey nvarchar(400) NULL,\n  Headers nvarchar(max) NOT NULL,\n"
+                "  Body varbinary(max),\n  Due datetime NOT NULL,\n  INDEX Index_Due (Due)\n)",
             )
             self.store = (
                 f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
@@ -70,9 +70,9 @@ class DelayTable:
             )
         elif d.kind == "postgresql":
             self.create = (
-                f"CREATE TABLE IF NOT EXISTS {t} (Id uuid NOT NULL PRIMARY KEY, "
-                "Connection text NOT NULL, Address text NOT NULL, RecordKey text NULL, "
-                "Headers text NOT NULL, Body bytea, Due timestamptz NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {t} (\n  Id uuid NOT NULL PRIMARY KEY,\n"
+                "  Connection text NOT NULL,\n  Address text NOT NULL,\n  RecordKey text NULL,\n"
+                "  Headers text NOT NULL,\n  Body bytea,\n  Due timestamptz NOT NULL\n)",
                 f"CREATE INDEX IF NOT EXISTS {d.quote(TABLE + '_Due')} ON {t} (Due)",
             )
             self.store = (
@@ -86,9 +86,9 @@ class DelayTable:
             self.next_due = f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1"
         else:
             self.create = (
-                f"CREATE TABLE IF NOT EXISTS {t} (Id TEXT NOT NULL PRIMARY KEY, "
-                "Connection TEXT NOT NULL, Address TEXT NOT NULL, RecordKey TEXT NULL, "
-                "Headers TEXT NOT NULL, Body BLOB, Due TEXT NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {t} (\n  Id TEXT NOT NULL PRIMARY KEY,\n"
+                "  Connection TEXT NOT NULL,\n  Address TEXT NOT NULL,\n  RecordKey TEXT NULL,\n"
+                "  Headers TEXT NOT NULL,\n  Body BLOB,\n  Due TEXT NOT NULL\n)",
                 f"CREATE INDEX IF NOT EXISTS {d.quote(TABLE + '_Due')} ON {t} (Due)",
             )
             self.store = (
