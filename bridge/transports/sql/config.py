@@ -66,6 +66,11 @@ class _Sql(Strict):
     layout: Literal["nservicebus"] = Field(
         "nservicebus", description="Queue table layout (the NServiceBus SQL transport's)."
     )
+    subscription_table: str = Field(
+        "SubscriptionRouting",
+        min_length=1,
+        description="The native pub/sub table of the NServiceBus SQL transport, in `schema`.",
+    )
 
 
 class SqliteConnection(_Sql):
