@@ -304,6 +304,7 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                     at.at((*path, "publisher")),
                 )
     pubsub = registry.pubsub
+    read = {route.from_.address for route in pubsub.routes()}  # topics of events from Kafka
     for s in pubsub.subscriptions():
         if not s.native:
             continue
@@ -326,6 +327,13 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                     "subscribes and publishes with the conventional topology's exchanges",
                     where,
                 )
+        if s.kind == "kafka" and pubsub.topic(s.event) in read:
+            raise ConfigError(
+                f"event {s.event!r} would go to topic {pubsub.topic(s.event)!r}, from which the "
+                "bridge also publishes events published on Kafka: they would come back; give "
+                "the events their own topics under `events:`",
+                where,
+            )
         if "kafka" in kinds or s.kind == "home":
             topic = pubsub.topic(s.event)
             written = s.event in config.events and config.events[s.event].topic

@@ -177,6 +177,15 @@ def test_an_event_name_must_fit_subscription_routing() -> None:
     assert "SubscriptionRouting holds 200" in error_of(text)
 
 
+def test_a_topic_the_bridge_reads_events_from_is_not_one_it_sends_events_to() -> None:
+    text = PUBSUB.replace(
+        "{topic: inventory.stock-changed}",
+        "{topic: inventory.stock-changed}\n"
+        "  Sales.Messages.OrderPlaced: {topic: inventory.stock-changed}",
+    )
+    assert "they would come back" in error_of(text)
+
+
 def test_pub_sub_across_rabbitmq_needs_the_conventional_topology() -> None:
     text = PUBSUB.replace(
         'url: "amqp://127.0.0.1/"}', 'url: "amqp://127.0.0.1/", topology: direct}'
