@@ -16,8 +16,11 @@ Facts pinned here, from their source:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from bridge.commands import describe_registry, install, render_registry
 from bridge.config.loader import parse_config
 from bridge.config.models import BridgeConfig, EventRoute
 from bridge.envelope import Headers
@@ -218,3 +221,36 @@ def test_topics_are_the_enclosed_full_names_then_system_object() -> None:
     assert topics_of(headers) == ["Sales.Express", "Sales.OrderPlaced", "System.Object"]
     assert is_published(headers) and not is_control(headers)
     assert is_control(Headers([("NServiceBus.MessageIntent", "Unsubscribe")]))
+
+
+def test_endpoints_lists_each_subscription_and_how_it_is_made() -> None:
+    shown = render_registry(describe_registry(config_of(PUBSUB)))
+    assert (
+        f'  subscribes to {EVENT} from Sales: its proxy "shop"."Shipping" on pg'
+        in shown.splitlines()
+    )
+    assert (
+        f'  subscribes to {EVENT} from Sales: via "shop"."Analytics" on pg, to topic {EVENT}'
+        in shown.splitlines()
+    )
+    assert f"  subscribes to {EVENT} from Sales: on pg, by the endpoint itself" in shown
+
+
+async def test_print_sql_prints_the_subscription_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(PUBSUB)
+    assert await install(str(config), print_only=True) == 0
+    printed = capsys.readouterr().out
+    assert (
+        '-- subscriptions on pg: Shipping to Sales.Messages.OrderPlaced at "shop"."Shipping"'
+        in (printed)
+    )
+    assert 'CREATE TABLE IF NOT EXISTS "shop"."SubscriptionRouting" (' in printed
+    assert "MERGE" not in printed and "[nsb].[dbo].[SubscriptionRouting]" in printed
+    # Billing subscribes at home to an event published on Kafka: on its own SQL Server.
+    assert (
+        "-- subscriptions on legacy: Billing to Inventory.StockChanged at Billing@[dbo]@[nsb]"
+        in (printed)
+    )
