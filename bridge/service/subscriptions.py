@@ -54,6 +54,7 @@ async def _apply(transport: Transport, kind: str, s: Subscribed, *, subscribe: b
         from bridge.transports.rabbitmq.admin import run_declaration
         from bridge.transports.rabbitmq.config import describe as where
         from bridge.transports.rabbitmq.connection import Link, parameters
+        from bridge.transports.rabbitmq.errors import reply_code
         from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
 
         assert isinstance(transport, RabbitTransport)
@@ -64,6 +65,8 @@ async def _apply(transport: Transport, kind: str, s: Subscribed, *, subscribe: b
             for declaration in declarations:
                 await link.run(run_declaration(declaration), what=declaration.text)
         except TransportError as exc:
+            if not subscribe and reply_code(exc) == 404:
+                return  # nothing to unbind: unsubscribed already, as NServiceBus takes it
             raise TransportError(
                 f"{describe(s, subscribe=subscribe)}: {exc} (the exchange of queue "
                 f"{s.queue!r} must exist: `bridge install` with `proxies: {{create: true}}` "
@@ -120,42 +123,71 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
 
 async def state(config: BridgeConfig) -> dict[tuple[str, str], str]:
     """(endpoint, event) -> what the publisher's side holds: `subscribed`, `missing`, `moved`
-    (a row with another address), or why it could not be read. SQL rows are read; RabbitMQ
-    bindings are not (AMQP cannot list them), so they read `not readable over AMQP`."""
-    from bridge.transports import load
-
+    (a row with another address), or why it could not be read: SQL rows are read in the
+    subscription table, RabbitMQ bindings through the management API (AMQP cannot list them)."""
     out: dict[tuple[str, str], str] = {}
     by_connection: dict[str, list[Subscribed]] = {}
     for s in config.registry.pubsub.native():
         by_connection.setdefault(s.connection, []).append(s)
     for connection, made in by_connection.items():
         kind = config.connections[connection].type
-        if kind not in SQL:
-            for s in made:
-                out[s.endpoint, s.event] = "not readable over AMQP"
-            continue
-        from bridge.transports.sql.subscriptions import SubscriptionTable
-        from bridge.transports.sql.transport import Transport as SqlTransport
-
-        transport = load(connection, config.connections[connection])
-        assert isinstance(transport, SqlTransport)
-        table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
+        reader = _sql_state if kind in SQL else _rabbitmq_state
         try:
-            rows = {(e, t): a for a, e, t in await table.rows()} if await table.exists() else {}
+            out.update(await reader(config, connection, made))
         except BridgeError as exc:
-            rows = None
-            reason = f"unreadable: {exc}"
-        finally:
-            await table.close()
-            await transport.close()
-        for s in made:
-            if rows is None:
-                out[s.endpoint, s.event] = reason
-                continue
-            found = rows.get((s.endpoint, s.event))
-            out[s.endpoint, s.event] = (
-                "missing" if found is None else "subscribed" if found == s.address else "moved"
-            )
+            out.update({(s.endpoint, s.event): f"unreadable: {exc}" for s in made})
+    return out
+
+
+async def _sql_state(
+    config: BridgeConfig, connection: str, made: list[Subscribed]
+) -> dict[tuple[str, str], str]:
+    from bridge.transports import load
+    from bridge.transports.sql.subscriptions import SubscriptionTable
+    from bridge.transports.sql.transport import Transport as SqlTransport
+
+    transport = load(connection, config.connections[connection])
+    assert isinstance(transport, SqlTransport)
+    table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
+    try:
+        rows = {(e, t): a for a, e, t in await table.rows()} if await table.exists() else {}
+    finally:
+        await table.close()
+        await transport.close()
+    out = {}
+    for s in made:
+        found = rows.get((s.endpoint, s.event))
+        out[s.endpoint, s.event] = (
+            "missing" if found is None else "subscribed" if found == s.address else "moved"
+        )
+    return out
+
+
+async def _rabbitmq_state(
+    config: BridgeConfig, connection: str, made: list[Subscribed]
+) -> dict[tuple[str, str], str]:
+    from bridge.nservicebus.events import exchange_name
+    from bridge.transports.rabbitmq.config import RabbitMQConnection
+    from bridge.transports.rabbitmq.events import subscribed_type
+    from bridge.transports.rabbitmq.management import ManagementApi, ManagementError
+
+    model = config.connections[connection]
+    assert isinstance(model, RabbitMQConnection)
+    api = ManagementApi(model)
+    out = {}
+    for s in made:
+        try:
+            bindings = await api.bindings_from(exchange_name(subscribed_type(s.event)))
+        except ManagementError as exc:
+            out[s.endpoint, s.event] = "missing" if exc.status == 404 else f"unreadable: {exc}"
+            continue
+        bound = any(
+            b.get("destination_type") == "exchange"
+            and b.get("destination") == s.queue
+            and b.get("routing_key") == ""
+            for b in bindings
+        )
+        out[s.endpoint, s.event] = "subscribed" if bound else "missing"
     return out
 
 

@@ -291,6 +291,8 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     assert s.rows() == expected
     shipped_exchange = s.exchanges[2]
     assert s.bindings(shipped_exchange) == [("exchange", s.billing, "")]
+    shown_exchange = api("GET", f"exchanges/%2F/{quote(shipped_exchange, safe='')}")
+    assert (shown_exchange["type"], shown_exchange["durable"]) == ("fanout", True)
     assert ("exchange", s.shipping, "") in s.bindings(s.exchanges[3])
 
     # Sales publishes a derived event on PostgreSQL: Shipping, Analytics (once, for Analytics
@@ -341,11 +343,24 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
         }
     ]
 
+    shipping_shown = next(e for e in shown["endpoints"] if e["name"] == s.shipping)
+    assert [x["state"] for x in shipping_shown["subscriptions"]] == ["subscribed", "subscribed"]
+    billing_shown = next(e for e in shown["endpoints"] if e["name"] == s.billing)
+    assert [(x["kind"], x["state"]) for x in billing_shown["subscriptions"]] == [
+        ("proxy", "subscribed"),  # Shipped: the exchange bound to the proxy's, on RabbitMQ
+        ("home", "subscribed"),  # StockChanged: its own row on PostgreSQL
+    ]
     # By hand: unsubscribe Shipping, and its row is gone; subscribe, and it is back.
     bridge(s.config, "unsubscribe", "--endpoint", s.shipping, "--event", s.placed)
     assert (s.shipping, s.placed, s.address(s.shipping)) not in s.rows()
     bridge(s.config, "subscribe", "--endpoint", s.shipping, "--event", s.placed)
     assert s.rows() == expected
+    # On RabbitMQ the binding goes, twice without complaint, and comes back.
+    for _ in range(2):
+        bridge(s.config, "unsubscribe", "--endpoint", s.billing, "--event", s.shipped)
+        assert s.bindings(shipped_exchange) == [("exchange", "System:Object", "")]
+    bridge(s.config, "subscribe", "--endpoint", s.billing, "--event", s.shipped)
+    assert ("exchange", s.billing, "") in s.bindings(shipped_exchange)
 
 
 async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) -> None:

@@ -26,6 +26,7 @@ from bridge.config.models import BridgeConfig, EventRoute
 from bridge.envelope import Headers
 from bridge.errors import ConfigError
 from bridge.nservicebus.events import (
+    OBJECT,
     exchange_name,
     is_control,
     is_published,
@@ -33,6 +34,8 @@ from bridge.nservicebus.events import (
     topics_of,
     type_name_problem,
 )
+from bridge.transports.rabbitmq.events import publish_declarations
+from bridge.transports.rabbitmq.events import subscribe as subscribe_declarations
 
 CONNECTIONS = """\
 connections:
@@ -254,3 +257,19 @@ async def test_print_sql_prints_the_subscription_tables(
         "-- subscriptions on legacy: Billing to Inventory.StockChanged at Billing@[dbo]@[nsb]"
         in (printed)
     )
+
+
+def test_a_publisher_without_types_binds_the_event_to_every_type_it_encloses() -> None:
+    declared = [d.text for d in publish_declarations(["Sales.Express", "Sales.Placed", OBJECT])]
+    assert declared == [
+        "exchange.declare exchange='Sales:Express' type=fanout durable=true",
+        "exchange.declare exchange='Sales:Placed' type=fanout durable=true",
+        "exchange.bind 'Sales:Placed' to 'Sales:Express' routing_key=''",
+        "exchange.declare exchange='System:Object' type=fanout durable=true",
+        "exchange.bind 'System:Object' to 'Sales:Express' routing_key=''",
+    ]
+    # A subscription binds the subscribed type's exchange to the subscriber's, IEvent as Object.
+    assert [d.text for d in subscribe_declarations("NServiceBus.IEvent", "Shipping")] == [
+        "exchange.declare exchange='System:Object' type=fanout durable=true",
+        "exchange.bind 'Shipping' to 'System:Object' routing_key=''",
+    ]

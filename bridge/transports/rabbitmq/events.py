@@ -36,7 +36,13 @@ from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.delays import Declaration
 from bridge.transports.rabbitmq.sink import encode_batch
 
-__all__ = ["RabbitMQPublisher", "publish_declarations", "subscribe", "unsubscribe"]
+__all__ = [
+    "RabbitMQPublisher",
+    "publish_declarations",
+    "subscribe",
+    "subscribed_type",
+    "unsubscribe",
+]
 
 IEVENT = "NServiceBus.IEvent"
 
@@ -45,13 +51,14 @@ def _exchange(event: str) -> Declaration:
     return Declaration("exchange", exchange_name(event), exchange_type="fanout")
 
 
-def _subscribed(event: str) -> str:
+def subscribed_type(event: str) -> str:
+    """The type whose exchange a subscription to `event` binds."""
     return OBJECT if event == IEVENT else event
 
 
 def subscribe(event: str, queue: str) -> list[Declaration]:
     """What subscribing `queue` (its exchange) to `event` declares, in NServiceBus's order."""
-    event = _subscribed(event)
+    event = subscribed_type(event)
     return [
         _exchange(event),
         Declaration("exchange_bind", queue, source=exchange_name(event)),
@@ -59,7 +66,7 @@ def subscribe(event: str, queue: str) -> list[Declaration]:
 
 
 def unsubscribe(event: str, queue: str) -> list[Declaration]:
-    return [Declaration("exchange_unbind", queue, source=exchange_name(_subscribed(event)))]
+    return [Declaration("exchange_unbind", queue, source=exchange_name(subscribed_type(event)))]
 
 
 def publish_declarations(types: Sequence[str]) -> list[Declaration]:
