@@ -8,6 +8,11 @@ flight are not taken for an empty queue); a route that fails for good in that mo
 run at once (the other routes finish the batches in hand) and makes it exit 1 with the
 route's error. `summary()` is what each route did, which `bridge run` prints in that mode.
 
+At start, the registry's native subscriptions are made again (`subscriptions.py`), retried in
+the background until they are, while the routes run. A route of an event published on Kafka
+publishes through its destination's publisher, and a Kafka carrier's proxy route sends events to
+their topics (`bridge.config.pubsub`).
+
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
 group's lag for a Kafka topic (from the destination's stored positions when it keeps them).
