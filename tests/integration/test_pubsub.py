@@ -289,6 +289,8 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
         ).fetchall() == [(s.ledger, s.stock, f'"main"."{s.ledger}"')]
     bridge(s.config, "install")  # again: nothing doubles
     assert s.rows() == expected
+    checked = bridge(s.config, "check", "--connect").stdout  # the event topics, no event tables
+    assert "kafka: OK (" in checked and s.placed in checked and s.stock_topic in checked
     shipped_exchange = s.exchanges[2]
     assert s.bindings(shipped_exchange) == [("exchange", s.billing, "")]
     shown_exchange = api("GET", f"exchanges/%2F/{quote(shipped_exchange, safe='')}")
