@@ -34,7 +34,10 @@ def describe(s: Subscribed, *, subscribe: bool = True) -> str:
     return f"{what} {s.endpoint} to {s.event} at {s.address or s.queue} (publisher {s.publisher})"
 
 
-async def _apply(transport: Transport, kind: str, s: Subscribed, *, subscribe: bool) -> None:
+async def _apply(
+    transport: Transport, kind: str, made: list[Subscribed], *, subscribe: bool
+) -> None:
+    """Make (or remove) `made`, subscriptions on one connection, on a connection of its own."""
     if kind in SQL:
         from bridge.transports.sql.subscriptions import SubscriptionTable
         from bridge.transports.sql.transport import Transport as SqlTransport
@@ -44,9 +47,11 @@ async def _apply(transport: Transport, kind: str, s: Subscribed, *, subscribe: b
         try:
             if subscribe:
                 await table.create()
-                await table.subscribe(s.endpoint, s.address, s.event)
-            else:
-                await table.unsubscribe(s.endpoint, s.event)
+            for s in made:
+                if subscribe:
+                    await table.subscribe(s.endpoint, s.address, s.event)
+                else:
+                    await table.unsubscribe(s.endpoint, s.event)
         finally:
             await table.close()
     elif kind == "rabbitmq":
@@ -58,20 +63,22 @@ async def _apply(transport: Transport, kind: str, s: Subscribed, *, subscribe: b
         from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
 
         assert isinstance(transport, RabbitTransport)
-        declarations = (events.subscribe if subscribe else events.unsubscribe)(s.event, s.queue)
         name = transport.name
         link = Link(parameters(transport.config, name, "admin"), where(name))
         try:
-            for declaration in declarations:
-                await link.run(run_declaration(declaration), what=declaration.text)
-        except TransportError as exc:
-            if not subscribe and reply_code(exc) == 404:
-                return  # nothing to unbind: unsubscribed already, as NServiceBus takes it
-            raise TransportError(
-                f"{describe(s, subscribe=subscribe)}: {exc} (the exchange of queue "
-                f"{s.queue!r} must exist: `bridge install` with `proxies: {{create: true}}` "
-                "creates it)"
-            ) from exc
+            for s in made:
+                change = events.subscribe if subscribe else events.unsubscribe
+                try:
+                    for declaration in change(s.event, s.queue):
+                        await link.run(run_declaration(declaration), what=declaration.text)
+                except TransportError as exc:
+                    if not subscribe and reply_code(exc) == 404:
+                        continue  # nothing to unbind: unsubscribed already, as NServiceBus takes it
+                    raise TransportError(
+                        f"{describe(s, subscribe=subscribe)}: {exc} (the exchange of queue "
+                        f"{s.queue!r} must exist: `bridge install` with `proxies: {{create: "
+                        "true}` creates it)"
+                    ) from exc
         finally:
             await link.close()
 
@@ -80,14 +87,18 @@ async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) 
     """Make every native subscription of the registry; what was made, as lines to print."""
     from bridge.transports import load
 
-    done = []
+    by_connection: dict[str, list[Subscribed]] = {}
     for s in config.registry.pubsub.native():
-        if s.connection not in transports:
-            transports[s.connection] = load(s.connection, config.connections[s.connection])
-        kind = config.connections[s.connection].type
-        await _apply(transports[s.connection], kind, s, subscribe=True)
-        log.info(describe(s), extra={"connection": s.connection})
-        done.append(f"{s.connection}: {describe(s)}")
+        by_connection.setdefault(s.connection, []).append(s)
+    done = []
+    for connection, made in by_connection.items():
+        if connection not in transports:
+            transports[connection] = load(connection, config.connections[connection])
+        kind = config.connections[connection].type
+        await _apply(transports[connection], kind, made, subscribe=True)
+        for s in made:
+            log.info(describe(s), extra={"connection": connection})
+            done.append(f"{connection}: {describe(s)}")
     return done
 
 
@@ -115,7 +126,7 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
         return f"{endpoint} lives with its publisher on {s.connection!r}: it subscribes itself"
     transport = load(s.connection, config.connections[s.connection])
     try:
-        await _apply(transport, config.connections[s.connection].type, s, subscribe=subscribe)
+        await _apply(transport, config.connections[s.connection].type, [s], subscribe=subscribe)
     finally:
         await transport.close()
     return f"{s.connection}: {describe(s, subscribe=subscribe)}"
