@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from bridge.envelope import Envelope
 from bridge.errors import TransportUnavailable
+from bridge.nservicebus.delays import refuse_delays
 from bridge.nservicebus.events import OBJECT, exchange_name, topics_of
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.admin import run_declaration
@@ -83,7 +84,8 @@ def publish_declarations(types: Sequence[str]) -> list[Declaration]:
 class RabbitMQPublisher:
     """A sink that publishes each event to its type's exchange, declaring the exchanges and
     bindings of each type hierarchy once per publisher; returns once the broker confirmed
-    every message (an event no queue takes is confirmed and dropped, as NServiceBus's is)."""
+    every message (an event no queue takes is confirmed and dropped, as NServiceBus's is). An
+    event to be delivered later raises `MessageRejected`: NServiceBus does not delay a publish."""
 
     def __init__(self, config: RabbitMQConnection, name: str) -> None:
         self._where = f"{describe(name)}, publish"
@@ -95,7 +97,9 @@ class RabbitMQPublisher:
     ) -> None:
         if not envelopes:
             return
-        messages, _ = encode_batch(envelopes, time.time(), self._link.frame_max)
+        now = time.time()
+        refuse_delays(envelopes, now, self._where)  # NServiceBus does not delay a publish
+        messages, _ = encode_batch(envelopes, now, self._link.frame_max)
         routes: list[tuple[str, str] | None] = []
         for envelope in envelopes:
             types = tuple(topics_of(envelope.headers))

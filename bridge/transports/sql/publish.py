@@ -6,13 +6,16 @@ Guarantees
     QueueAddress ... WHERE Topic IN`, `subscriptions.py`), and one copy is inserted into each
     address's queue table; every copy of every event of a `send` in one transaction, which
     returns only after COMMIT. A lookup is kept `CACHE_FOR` seconds, as the transport caches it
-    (CachedSubscriptionStore.cs:11-107 of Particular/NServiceBus.SqlServer@214c4e8f, 5 s by
-    default). An event nobody subscribes to is dropped, as a publisher drops it.
+    (CachedSubscriptionStore.cs:11-107 of Particular/NServiceBus.SqlServer@214c4e8f; 5 s by
+    default, SqlServer/PubSub/SubscriptionOptions.cs:19-28). An event nobody subscribes to is
+    dropped, as a publisher drops it.
 
 Failures
-    An address in another schema or database than the connection's raises `MessageRejected`
-    with its index (the bridge writes only where its connection reaches); an event no row can
-    hold, the same. Database failures are the connection's (`errors.py`).
+    An event with a `deliver_at` still to come raises `MessageRejected` with its index:
+    NServiceBus does not delay a publish. An address in another schema or database than the
+    connection's raises `MessageRejected` with its index (the bridge writes only where its
+    connection reaches); an event no row can hold, the same. Database failures are the
+    connection's (`errors.py`).
 
 What is lossy
     Nothing: every copy is the event as it came, with its own row id.
@@ -26,6 +29,7 @@ from functools import partial
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected
+from bridge.nservicebus.delays import refuse_delays
 from bridge.nservicebus.events import topics_of
 from bridge.protocols import Checkpoint
 from bridge.transports.sql.addresses import address_key, canonical_address
@@ -55,6 +59,8 @@ class SqlPublisher:
     ) -> None:
         if not envelopes:
             return
+        # NServiceBus does not delay a publish: an event to be delivered later is refused.
+        refuse_delays(envelopes, time.time(), f"{self._dialect.describe()}: publish")
         rejected = await self._connection.run(partial(self._publish, list(envelopes)))
         if rejected is not None:
             raise rejected
