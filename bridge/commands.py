@@ -220,8 +220,9 @@ async def install(config_path: str, *, print_only: bool) -> int:
 
 
 def subscription_statements(config: BridgeConfig) -> list[str]:
-    """What `install --print-sql` prints for the registry's subscriptions: each SQL
-    connection's subscription table, then a comment per subscription made at install."""
+    """What `install --print-sql` prints for the registry's subscriptions: a comment naming
+    them, then each SQL connection's subscription table (its rows are written when the bridge
+    runs), or on RabbitMQ the exchanges and bindings as management API requests."""
     from bridge.transports.sql.config import KINDS as SQL_KINDS
 
     made = config.registry.pubsub.native()
@@ -246,6 +247,14 @@ def subscription_statements(config: BridgeConfig) -> list[str]:
             dialect = transport.dialect
             table = statements(dialect, transport.config.subscription_table)
             lines += dialect.printable([table.create])
+        else:
+            from bridge.transports.rabbitmq.config import RabbitMQConnection
+            from bridge.transports.rabbitmq.events import printed, subscribe
+
+            assert isinstance(connection, RabbitMQConnection)
+            for s in made:
+                if s.connection == name:
+                    lines += printed(connection, subscribe(s.event, s.queue))
         out.append("\n".join(lines))
     return out
 

@@ -273,3 +273,28 @@ def test_a_publisher_without_types_binds_the_event_to_every_type_it_encloses() -
         "exchange.declare exchange='System:Object' type=fanout durable=true",
         "exchange.bind 'Shipping' to 'System:Object' routing_key=''",
     ]
+
+
+async def test_print_sql_prints_rabbitmq_subscriptions_as_management_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        PUBSUB.replace("Sales:     {connection: pg}", "Sales:     {connection: rabbit}")
+    )
+    assert await install(str(config), print_only=True) == 0
+    printed = capsys.readouterr().out
+    api = "http://127.0.0.1:15672/api/"
+    assert (
+        "-X PUT -H 'content-type: application/json' "
+        '-d \'{"type":"fanout","durable":true,"auto_delete":false}\' '
+        f"{api}exchanges/%2F/Sales.Messages%3AOrderPlaced\n"
+    ) in printed
+    # The Kafka subscribers' one binding, to the first one's proxy exchange.
+    binding = (
+        "-X POST -H 'content-type: application/json' "
+        '-d \'{"routing_key":"","arguments":{}}\' '
+        f"{api}bindings/%2F/e/Sales.Messages%3AOrderPlaced/e/Analytics\n"
+    )
+    assert binding in printed
+    assert "/e/Audit" not in printed

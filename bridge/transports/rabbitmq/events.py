@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from bridge.envelope import Envelope
 from bridge.errors import TransportUnavailable
@@ -35,10 +36,12 @@ from bridge.transports.rabbitmq.admin import run_declaration
 from bridge.transports.rabbitmq.config import CONFIRM_TIMEOUT, RabbitMQConnection, describe
 from bridge.transports.rabbitmq.connection import Link, parameters
 from bridge.transports.rabbitmq.delays import Declaration
+from bridge.transports.rabbitmq.management import curl, endpoint
 from bridge.transports.rabbitmq.sink import encode_batch
 
 __all__ = [
     "RabbitMQPublisher",
+    "printed",
     "publish_declarations",
     "subscribe",
     "subscribed_type",
@@ -78,6 +81,22 @@ def publish_declarations(types: Sequence[str]) -> list[Declaration]:
     for other in others:
         out.append(_exchange(other))
         out.append(Declaration("exchange_bind", exchange_name(other), source=exchange_name(first)))
+    return out
+
+
+def printed(config: RabbitMQConnection, declarations: Sequence[Declaration]) -> list[str]:
+    """`declarations` (exchanges and exchange bindings) as the management API's requests, for
+    `install --print-sql` (`management.curl`)."""
+    api = endpoint(config)
+    out = []
+    for d in declarations:
+        if d.kind == "exchange":
+            body = {"type": d.exchange_type, "durable": True, "auto_delete": False}
+            out.append(curl(api, "PUT", f"api/exchanges/{{vhost}}/{quote(d.name, safe='')}", body))
+        elif d.kind == "exchange_bind":
+            source, destination = quote(d.source, safe=""), quote(d.name, safe="")
+            path = f"api/bindings/{{vhost}}/e/{source}/e/{destination}"
+            out.append(curl(api, "POST", path, {"routing_key": d.routing_key, "arguments": {}}))
     return out
 
 
