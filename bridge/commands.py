@@ -20,7 +20,7 @@ from typing import Any
 
 from bridge.config.kinds import RULES
 from bridge.config.loader import LoadedConfig, load_config
-from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, Route
+from bridge.config.models import BridgeConfig, DerivedRoute, Route
 from bridge.envelope import MESSAGE_ID
 from bridge.errors import AccessRefused, BridgeError, TransportUnavailable, UsageError
 from bridge.nservicebus.delays import DELAY_WITH_TTL, parse_delay, parse_deliver_at
@@ -76,7 +76,7 @@ def addresses(config: BridgeConfig, *, installing: bool = False) -> dict[str, li
         ends.append((route.from_.connection, route.from_.address))
         # An endpoint's own queue is the endpoint's to make; an event route publishes.
         own = installing and isinstance(route, DerivedRoute)
-        if not (own or isinstance(route, EventRoute)):
+        if not (own or route.publish):
             ends.append((route.to.connection, route.to.address))
         ends.append((route.from_.connection, route.error_queue_name))
     for connection, topics in config.registry.pubsub.event_topics().items():

@@ -82,6 +82,42 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
+def _publishes(
+    config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
+) -> None:
+    """A route that publishes: `to` names a connection that NServiceBus publishes on."""
+    to = route.to
+    connection = config.connections.get(to.connection)
+    if connection is None:
+        known = ", ".join(sorted(config.connections)) or "none"
+        raise ConfigError(
+            f"to names connection {to.connection!r}, which is not defined (known: {known})",
+            at.at((*path, "to", "connection")),
+        )
+    if connection.type not in PUBLISHES:
+        raise ConfigError(
+            f"publish: connection {to.connection!r} is {connection.type}, where events are not "
+            "published; publish on a SQL or RabbitMQ connection",
+            at.at((*path, "publish")),
+        )
+    if getattr(connection, "topology", "conventional") != "conventional":
+        raise ConfigError(
+            f"publish: RabbitMQ connection {to.connection!r} has the direct topology; the bridge "
+            "publishes to the conventional topology's exchanges",
+            at.at((*path, "publish")),
+        )
+    if to.queue is not None or to.topic is not None or to.group is not None:
+        raise ConfigError(
+            "a route that publishes names only its destination's connection: the subscribers "
+            "say where each event goes",
+            at.at((*path, "to")),
+        )
+
+
+#: Connection types the bridge publishes events on.
+PUBLISHES = ("sqlserver", "postgresql", "sqlite", "rabbitmq")
+
+
 def _loop(config: BridgeConfig, route: Route) -> str | None:
     """Why `route` would forward each message back where it took it from, or None."""
     ends = (route.from_, route.to)
@@ -124,8 +160,11 @@ def lint(config: BridgeConfig, at: Positions) -> None:
             raise ConfigError(f"duplicate route name {route.name!r}", at.at((*path, "name")))
         seen.add(route.name)
         _endpoint(config, route.from_, "from", (*path, "from"), at)
-        _endpoint(config, route.to, "to", (*path, "to"), at)
-        loop = _loop(config, route)
+        if route.publish:
+            _publishes(config, route, path, at)
+        else:
+            _endpoint(config, route.to, "to", (*path, "to"), at)
+        loop = None if route.publish else _loop(config, route)
         if loop is not None:
             raise ConfigError(loop, at.at((*path, "to")))
         if route.error_queue is not None:
@@ -234,7 +273,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
             at.at(("endpoints", proxy.endpoint), key=True),
         )
     for derived in registry.routes():
-        loop = _loop(config, derived)
+        loop = None if derived.publish else _loop(config, derived)
         if loop is not None:
             raise ConfigError(
                 f"endpoint {derived.endpoint!r}, its proxy on {derived.from_.connection!r}: {loop}",

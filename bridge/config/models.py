@@ -107,6 +107,12 @@ class Route(Strict):
         "header:NServiceBus.MessageId", description="Kafka record key: `header:NAME` or `none`."
     )
     headers: HeaderRules = Field(default_factory=HeaderRules)
+    publish: bool = Field(
+        False,
+        description="Publish each message on the destination's connection as NServiceBus "
+        "publishers do (SQL: a copy to each subscriber its subscription table lists; RabbitMQ: "
+        "to the event's exchange); `to` names the connection only.",
+    )
     address_map: dict[str, str] = Field(
         default_factory=dict,
         description="Address translations of NServiceBus.ReplyToAddress, NServiceBus.FailedQ and "
@@ -145,6 +151,7 @@ class EventRoute(DerivedRoute):
     (`endpoint` is the publisher; `to` names the event, not a queue)."""
 
     event: str = Field(description="The event type (its .NET full name).")
+    publish: bool = True
 
 
 class Subscription(Strict):

@@ -165,6 +165,7 @@ class PubSub:
                     "batch_size": proxies.batch_size,
                     "concurrency": proxies.concurrency,
                     "error_queue": proxies.error_queue,
+                    "publish": True,
                 }
             )
         return list(out.values())

@@ -118,6 +118,7 @@ class RouteRunner:
         # A proxy's route drops control messages and counts events, as the Messaging Bridge's
         # proxies see them; a written route forwards whatever it takes, uncounted.
         self._proxy = isinstance(route, DerivedRoute)
+        self._counts_events = self._proxy or route.publish
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
@@ -299,7 +300,7 @@ class RouteRunner:
         stats.poison += failed
         stats.batches += 1
         self.metrics.forwarded(live, expired, failed)
-        if self._proxy:
+        if self._counts_events:
             self._count_events(live)
         if failed:
             self._log_error_queue(failed, batch, refused)

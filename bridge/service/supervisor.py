@@ -27,7 +27,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, Route
+from bridge.config.models import BridgeConfig, DerivedRoute, Route
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -90,7 +90,7 @@ class Supervisor:
         config = self.config
 
         def endpoints() -> tuple[Source, Sink]:
-            if isinstance(route, EventRoute):  # an event read from Kafka is published
+            if route.publish:  # each message is published (an event route's: read from Kafka)
                 source = source_transport.source(
                     route.from_.address,
                     group=route.from_.group,
@@ -132,7 +132,7 @@ class Supervisor:
         """Reach the route's source and destination, as `bridge check --connect` does."""
         wanted: dict[str, list[str]] = {}
         ends = [(route.from_.connection, route.from_.address)]
-        if not isinstance(route, EventRoute):  # it publishes: `to` names the event
+        if not route.publish:  # `to` names no queue: the subscribers say where events go
             ends.append((route.to.connection, route.to.address))
         for connection, address in ends:
             wanted.setdefault(connection, []).append(address)
@@ -158,7 +158,7 @@ class Supervisor:
         """Where the route's source positions are stored with its rows (exactly-once), if any."""
         if route.name not in self._position_stores:
             store = None
-            if route.from_.connection != route.to.connection and not isinstance(route, EventRoute):
+            if route.from_.connection != route.to.connection and not route.publish:
                 sink = self._transport(route.to.connection).sink(route.to.address, key=route.key)
                 store = sink if isinstance(sink, CheckpointStore) else None
             self._position_stores[route.name] = store

@@ -89,6 +89,7 @@ class Site:
         self.shipped = f"{ns}.Warehouse.Shipped"
         self.stock = f"{ns}.Inventory.StockChanged"
         self.stock_topic = unique("stock-changed")
+        self.legacy_topic = unique("legacy-stock")  # read by a written route that publishes
         self.exchanges = [
             f"{ns}.{x}"
             for x in (
@@ -136,6 +137,11 @@ class Site:
                       - {{event: {self.stock}, publisher: {self.inventory}}}
                 events:
                   {self.stock}: {{topic: {self.stock_topic}}}
+                routes:
+                  - name: legacy-stock
+                    from: {{connection: kafka, topic: {self.legacy_topic}, group: {unique("g")}}}
+                    to: {{connection: lite}}
+                    publish: true
                 proxies: {{create: true, group: {unique("g")}, error_queue: {unique("poison")},
                            batch_size: 50}}
                 """
@@ -260,7 +266,7 @@ async def site(
     # The endpoints' own queues are theirs: created as their installers would.
     await s["pg"].install([s.sales, s.billing])
     await s["rabbit"].install([s.shipping, s.warehouse])
-    await s["kafka"].install([s.analytics, s.audit, s.inventory])
+    await s["kafka"].install([s.analytics, s.audit, s.inventory, s.legacy_topic])
     await s["lite"].install([s.ledger])
     yield s
     await s.close()
@@ -306,6 +312,10 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     producer = s["kafka"].sink(s.stock_topic)
     await producer.send([event("stock-1", s.stock)])
     await producer.close()
+    # A topic no registered endpoint publishes to, published on SQLite by a written route.
+    producer = s["kafka"].sink(s.legacy_topic)
+    await producer.send([event("legacy-1", s.stock)])
+    await producer.close()
 
     # A Subscribe control message an endpoint sent to the Shipping proxy: dropped there.
     sink = s["pg"].sink(s.shipping)
@@ -321,7 +331,7 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     billing = await drain(s["pg"], s.billing)
     assert sorted(m.message_id for m in billing) == ["shipped-1", "stock-1"]
     ledger = await drain(s["lite"], s.ledger)
-    assert sorted(m.message_id for m in ledger) == ["express-1", "stock-1"]
+    assert sorted(m.message_id for m in ledger) == ["express-1", "legacy-1", "stock-1"]
     # Once, not once per subscriber; and not to the carrier's own topic.
     assert (await s["kafka"].peek(s.placed)).depth == 1  # the subscribed type's derived topic
     assert (await s["kafka"].peek(s.analytics)).depth == 0

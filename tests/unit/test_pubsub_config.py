@@ -25,6 +25,7 @@ from bridge.config.loader import parse_config
 from bridge.config.models import BridgeConfig, EventRoute
 from bridge.envelope import Headers
 from bridge.errors import ConfigError
+from bridge.migrate.spec import JobSpec
 from bridge.nservicebus.events import (
     OBJECT,
     exchange_name,
@@ -298,3 +299,36 @@ async def test_print_sql_prints_rabbitmq_subscriptions_as_management_requests(
     )
     assert binding in printed
     assert "/e/Audit" not in printed
+
+
+WRITTEN = (
+    CONNECTIONS
+    + """\
+routes:
+  - name: legacy-stock
+    from: {connection: kafka, topic: legacy.stock, group: g}
+    to: {connection: pg}
+    publish: true
+"""
+)
+
+
+def test_a_written_route_publishes_on_a_connection_it_names_alone() -> None:
+    (route,) = config_of(WRITTEN).all_routes
+    assert route.publish and route.to.address == ""
+    assert "names only its destination's connection" in error_of(
+        WRITTEN.replace("to: {connection: pg}", "to: {connection: pg, queue: Stock}")
+    )
+    wrong = error_of(WRITTEN.replace("to: {connection: pg}", "to: {connection: kafka}"))
+    assert wrong.startswith("routes.yaml:10:14: publish: connection 'kafka' is kafka")
+    direct = WRITTEN.replace('url: "amqp://127.0.0.1/"}', 'url: "amqp://x/", topology: direct}')
+    assert "has the direct topology" in error_of(
+        direct.replace("{connection: pg}", "{connection: rabbit}")
+    )
+
+
+def test_migrate_refuses_a_route_that_publishes(tmp_path: Path) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(WRITTEN)
+    with pytest.raises(ConfigError, match="publishes events, which `bridge migrate` does not"):
+        JobSpec.from_file(str(config), "legacy-stock")
