@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from bridge.config.models import DerivedRoute
 from bridge.envelope import Envelope, Headers
 from bridge.errors import MessageRejected, MessagesRejected
 from bridge.protocols import Checkpoint
 from bridge.routing.events import EventTopics
+from bridge.telemetry.metrics import Metrics
 from bridge.transports.memory import Broker, Transport
 from tests.conftest import unique
 from tests.unit.test_runner import run_until, runner_for
@@ -58,13 +61,30 @@ async def test_a_proxy_drops_control_messages_and_counts_events_by_type() -> Non
             message(5, "Publish", EXPRESS, PLACED),
         ]
     )
-    runner = runner_for(route, transport)
+    reader = InMemoryMetricReader()
+    metrics = Metrics(MeterProvider(metric_readers=[reader]))
+    runner = runner_for(route, transport, metrics=metrics)
     destination = transport.broker.queue(route.to.address)
     await run_until(runner, lambda: len(destination) == 4)
     assert [e.message_id for e in destination] == ["id-1", "id-3", "id-4", "id-5"]  # type: ignore[union-attr]
     assert not transport.broker.queue(route.from_.address)  # the dropped ones left too
     assert runner.stats.control_dropped == 2
     assert runner.stats.published == {"Sales.ExpressOrderPlaced": 2, "Sales.OrderPlaced": 1}
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        (m.name, p.attributes.get("event")): p.value
+        for r in data.resource_metrics
+        for sm in r.scope_metrics
+        for m in sm.metrics
+        if m.name in ("bridge_events_published", "bridge_control_messages_dropped")
+        for p in m.data.data_points
+    }
+    assert points == {
+        ("bridge_events_published", "Sales.ExpressOrderPlaced"): 2,
+        ("bridge_events_published", "Sales.OrderPlaced"): 1,
+        ("bridge_control_messages_dropped", None): 2,
+    }
 
 
 class Recording:
