@@ -135,6 +135,12 @@ class ManagementApi:
         caught up with a new queue)."""
         return await self._object(f"api/queues/{self._vhost}/{quote(name, safe='')}")
 
+    async def bindings_from(self, exchange: str) -> list[Any]:
+        """The bindings whose source is `exchange` (`destination`, `destination_type`,
+        `routing_key`, ...)."""
+        name = quote(exchange, safe="")
+        return await self._list(f"api/exchanges/{self._vhost}/{name}/bindings/source")
+
     async def policies(self) -> list[Any]:
         """The vhost's user policies."""
         return await self._list(f"api/policies/{self._vhost}")

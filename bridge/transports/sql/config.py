@@ -117,6 +117,11 @@ class _Sql(Strict):
             description="NGinn.MessageBus settings; only with `layout: nginn`, which needs them."
         ),
     ] = None
+    subscription_table: str = Field(
+        "SubscriptionRouting",
+        min_length=1,
+        description="The native pub/sub table of the NServiceBus SQL transport, in `schema`.",
+    )
 
     @property
     def keeps_failed(self) -> bool:
