@@ -44,6 +44,7 @@ from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
+from bridge.transports.kafka.config import KafkaConnection
 from bridge.transports.sql.chain import CHAIN
 from bridge.transports.sql.config import PostgresConnection
 from tests.conftest import unique
@@ -56,6 +57,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BATCH = 50
 ROUTES = ("pg-source", "rabbitmq-sink", "kafka-sink", "kafka-source")
+#: The SQLite queues, each in a file of its own: SQLite has one writer per file, and a source's
+#: transaction stays open while its batch is sent, so a route whose send stalls would hold up
+#: every route writing the same file (which would then notice the outage late, in turn).
+LITE = ("from_pg", "to_rabbit", "to_kafka", "from_kafka")
 #: Seconds from the network's return to every route running and moving again.
 RECOVERY = 30.0
 #: What the test itself adds to a measured time: polling /routes, a scheduler, a busy machine.
@@ -160,13 +165,12 @@ class Network:
         names = self.names
         pg, rabbit, kafka = (self.proxies[k].address for k in ("pg", "rabbit", "kafka"))
         extra = self.timeouts.connections()
-        lite = self.tmp / "q.db"
         lines = [
             f"http: {{host: 127.0.0.1, port: {self.http_port}}}",
             "connections:",
             f'  pg: {{type: postgresql, dsn: "postgresql://postgres@{pg}/test",'
             f' schema: "{self.pg_schema}", {extra["pg"]}}}',
-            f'  lite: {{type: sqlite, path: "{lite}"}}',
+            *(f'  lite_{key}: {{type: sqlite, path: "{self.tmp / key}.db"}}' for key in LITE),
             f'  rabbit: {{type: rabbitmq, url: "amqp://guest:guest@{rabbit}/%2F",'
             f' management_url: "http://guest:guest@127.0.0.1:15672", {extra["rabbit"]}}}',
             f'  kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,'
@@ -174,31 +178,22 @@ class Network:
             "routes:",
         ]
         ends = {
-            "pg-source": ("pg", f"queue: {names['pg']}", "lite", f"queue: {names['from_pg']}"),
-            "rabbitmq-sink": (
-                "lite",
-                f"queue: {names['to_rabbit']}",
-                "rabbit",
-                f"queue: {names['rabbit']}",
-            ),
-            "kafka-sink": (
-                "lite",
-                f"queue: {names['to_kafka']}",
-                "kafka",
-                f"topic: {names['topic']}",
-            ),
+            "pg-source": ("pg", f"queue: {names['pg']}", "lite_from_pg", "from_pg"),
+            "rabbitmq-sink": ("lite_to_rabbit", "queue: " + names["to_rabbit"], "rabbit", "rabbit"),
+            "kafka-sink": ("lite_to_kafka", "queue: " + names["to_kafka"], "kafka", "topic"),
             "kafka-source": (
                 "kafka",
                 f"topic: {names['topic']}, group: {names['group']}",
-                "lite",
-                f"queue: {names['from_kafka']}",
+                "lite_from_kafka",
+                "from_kafka",
             ),
         }
         for route, (source, at, destination, to) in ends.items():
+            key = "topic" if to == "topic" else "queue"
             lines += [
                 f"  - name: {route}",
                 f"    from: {{connection: {source}, {at}}}",
-                f"    to: {{connection: {destination}, {to}}}",
+                f"    to: {{connection: {destination}, {key}: {names[to]}}}",
                 f"    batch_size: {BATCH}",
             ]
         path = self.tmp / "routes.yaml"
@@ -234,7 +229,9 @@ class Network:
 @asynccontextmanager
 async def network(
     tmp: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str, timeouts: Timeouts
-) -> AsyncIterator[tuple[Network, BridgeProcess, dict[str, Producer], Transport, Transport]]:
+) -> AsyncIterator[
+    tuple[Network, BridgeProcess, dict[str, Producer], dict[str, Transport], Transport]
+]:
     """Proxies, a private Kafka broker behind its proxy, the routes installed, a running
     bridge, producers writing into the three sources (the PostgreSQL one not through the
     proxy; the Kafka source reads what the Kafka sink writes)."""
@@ -258,7 +255,8 @@ async def network(
     ):
         config = net.write_config()
         await asyncio.to_thread(run_to_end, config, "install")
-        lite = load("lite", load_config(config).config.connections["lite"])
+        connections = load_config(config).config.connections
+        lite = {key: load(key, connections[f"lite_{key}"]) for key in LITE}
         direct = load(
             "direct",
             PostgresConnection.model_validate(
@@ -267,8 +265,8 @@ async def network(
         )
         producers = {
             "pg-source": Producer(direct, net.names["pg"]),
-            "rabbitmq-sink": Producer(lite, net.names["to_rabbit"]),
-            "kafka": Producer(lite, net.names["to_kafka"]),
+            "rabbitmq-sink": Producer(lite["to_rabbit"], net.names["to_rabbit"]),
+            "kafka": Producer(lite["to_kafka"], net.names["to_kafka"]),
         }
         try:
             with BridgeProcess(config, "run").start() as bridge:
@@ -280,7 +278,8 @@ async def network(
             for producer in producers.values():
                 await producer.stop()
             await direct.close()
-            await lite.close()
+            for transport in lite.values():
+                await transport.close()
             with rabbit_channel(rabbitmq_url) as channel:
                 channel.queue_delete(net.names["rabbit"])
                 channel.exchange_delete(net.names["rabbit"])
@@ -316,7 +315,7 @@ async def finish(
     net: Network,
     bridge: BridgeProcess,
     producers: dict[str, Producer],
-    lite: Transport,
+    lite: dict[str, Transport],
     direct: Transport,
 ) -> dict[str, tuple[set[str], list[str]]]:
     """Stop the producers, let the bridge move everything, stop it; per route group, what was
@@ -327,21 +326,21 @@ async def finish(
     async def everything_moved() -> bool:
         depths = [
             (await direct.peek(names["pg"])).depth,
-            (await lite.peek(names["to_rabbit"])).depth,
-            (await lite.peek(names["to_kafka"])).depth,
+            (await lite["to_rabbit"].peek(names["to_rabbit"])).depth,
+            (await lite["to_kafka"].peek(names["to_kafka"])).depth,
         ]
-        arrived = (await lite.peek(names["from_kafka"])).depth
+        arrived = (await lite["from_kafka"].peek(names["from_kafka"])).depth
         return depths == [0, 0, 0] and arrived >= len(sent["kafka"])
 
     await until(everything_moved, 120, "everything delivered")
     assert bridge.stop() == 0, bridge.output()
     return {
-        "pg-source": (sent["pg-source"], await ids(lite, names["from_pg"])),
+        "pg-source": (sent["pg-source"], await ids(lite["from_pg"], names["from_pg"])),
         "rabbitmq-sink": (
             sent["rabbitmq-sink"],
             await asyncio.to_thread(rabbit_ids, net.rabbitmq_url, names["rabbit"]),
         ),
-        "kafka": (sent["kafka"], await ids(lite, names["from_kafka"])),
+        "kafka": (sent["kafka"], await ids(lite["from_kafka"], names["from_kafka"])),
     }
 
 
@@ -537,12 +536,70 @@ async def test_twenty_outages_leak_nothing(
     print(f"\nafter outage 1: {first}\nafter outage {OUTAGES}: {last}")
     for name, by in noticed.items():
         print(f"{name}: noticed by {', '.join(sorted(by)) or 'none'}")
-    recovered = ", ".join(f"{name} {took:.1f} s" for name, took in worst.items())
+    print("moving again within: " + ", ".join(f"{k} {took:.1f} s" for k, took in worst.items()))
+    kept = (
+        f"{first.threads} -> {last.threads} threads, {first.fds} -> {last.fds} fds, "
+        f"{first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB"
+    )
     for group, (sent, got) in delivered.items():
-        case = f"{CASES[group]}, {OUTAGES} outages, each moving again within: {recovered}"
+        case = (
+            f"{CASES[group]}, {OUTAGES} outages: moving again within {max(worst.values()):.1f} s;"
+            f" outage 1 -> {OUTAGES}: {kept}"
+        )
         report(case, sent, got, OUTAGES * BOUNDS[group])  # each outage may catch a batch
     # Pools fill up to their size as traffic needs, so a few more is not a leak; one per outage is.
     assert last.threads <= first.threads + 5, f"threads: {first} -> {last}"
     assert last.fds <= first.fds + 10, f"file descriptors: {first} -> {last}"
     assert last.proxied <= first.proxied + 5, f"connections: {first} -> {last}"
     assert last.rss_mib <= first.rss_mib + 40, f"memory: {first} -> {last}"
+
+
+class NoPositions:
+    """A checkpoint store without stored positions (a SQL sink's, before its first batch)."""
+
+    async def load_checkpoint(self, prefix: str) -> dict[str, int]:
+        return {}
+
+
+async def test_a_kafka_source_is_not_held_up_by_commits_the_broker_does_not_answer() -> None:
+    """With a checkpoint store, the group's offsets only report progress and are committed
+    behind the batches: a commit that goes unanswered must not hold up the batches after it,
+    which go on with the records fetched before the network fell silent (each used to wait
+    `request_timeout_ms` for the commit before it, so the outage was also noticed that late)."""
+    port, topic, group = free_port(), unique("behind"), unique("g")
+    with FaultProxy("127.0.0.1", port) as proxy, LocalKafka(port, advertised=proxy.address):
+        config = KafkaConnection.model_validate(
+            {
+                "type": "kafka",
+                "bootstrap_servers": proxy.address,
+                "idempotence": False,
+                "partitions": 1,
+                "request_timeout_ms": 4_000,
+                "session_timeout_ms": 3_000,
+            }
+        )
+        transport = load("kafka", config)
+        try:
+            await transport.install([topic])
+            await transport.sink(topic).send([message(i) for i in range(40)])
+            source = transport.source(topic, group=group, checkpoint_store=NoPositions())
+            batch = await source.receive_batch(10, 1.0)
+            while not batch.messages:  # the first receives join the group
+                await batch.commit()
+                batch = await source.receive_batch(10, 1.0)
+            await batch.commit()  # its commit runs behind, and goes unanswered
+            proxy.blackhole()
+            started = time.monotonic()
+            for _ in range(3):
+                batch = await source.receive_batch(10, 1.0)
+                assert len(batch.messages) == 10  # fetched before the outage
+                await batch.commit()
+            took = time.monotonic() - started
+            assert took < 2.0, f"three fetched batches took {took:.1f} s"
+            proxy.heal()
+        finally:
+            await transport.close()
+
+
+def message(i: int) -> Envelope:
+    return Envelope(Headers([("NServiceBus.MessageId", f"id-{i}")]), b"x")
