@@ -534,12 +534,13 @@ async def test_twenty_outages_leak_nothing(
         first, last = footprints[0], footprints[-1]
         delivered = await finish(net, bridge, producers, lite, direct)
     print(f"\nafter outage 1: {first}\nafter outage {OUTAGES}: {last}")
+    print("resident MiB after each: " + " ".join(f"{f.rss_mib:.0f}" for f in footprints))
     for name, by in noticed.items():
         print(f"{name}: noticed by {', '.join(sorted(by)) or 'none'}")
     print("moving again within: " + ", ".join(f"{k} {took:.1f} s" for k, took in worst.items()))
     kept = (
         f"{first.threads} -> {last.threads} threads, {first.fds} -> {last.fds} fds, "
-        f"{first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB"
+        f"{first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB, {first.proxied} -> {last.proxied} proxied"
     )
     for group, (sent, got) in delivered.items():
         case = (
