@@ -19,6 +19,8 @@ is running and moving again within RECOVERY seconds of the heal, and loses nothi
 blackholes in a row: every route moves again after each, nothing is lost, and the process's
 threads, file descriptors, memory and connections through the proxies stay bounded.
 Each ends with rows of the fault table (tests/faults.py), the measured times in their names.
+`test_a_kafka_source_is_not_held_up_by_commits_the_broker_does_not_answer` is the Kafka
+source's part of the first, on its own and in seconds.
 """
 
 from __future__ import annotations
