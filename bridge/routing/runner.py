@@ -28,7 +28,8 @@ State
 
 Failures
     A retriable error (`retriable = True` on the `BridgeError` class) puts the loop into backoff
-    (capped exponential, jittered: 0.1 s doubling to 30 s) and it retries on its own. Any other
+    (capped exponential, jittered: 0.1 s doubling to `RETRY_MAX`, 20 s) and it retries on its
+    own, so a route runs again within about 20 s of its service's return. Any other
     error (a refused login, `AccessRefused`; a missing table or queue; an untranslated driver
     error) will not go away by retrying, but someone may fix it while the service runs (a
     password changed back, a grant, `bridge install`): the loop is `failing`, logs the error at
@@ -67,6 +68,10 @@ __all__ = ["RouteRunner", "RouteStats"]
 
 log = logging.getLogger("bridge.route")
 
+#: The longest wait between two attempts of a loop whose error may go away (a service down, a
+#: network gone): the most a route can lag behind its service's return, within the fault
+#: suite's 30 s (tests/integration/test_network_faults.py).
+RETRY_MAX = 20.0
 #: The longest wait between two attempts of a loop whose error will not go away by retrying.
 PERMANENT_RETRY_MAX = 300.0
 
@@ -210,7 +215,7 @@ class RouteRunner:
 
     async def _loop(self, index: int) -> None:
         source, sink = self._endpoints()
-        backoff = Backoff()
+        backoff = Backoff(maximum=RETRY_MAX)
         slow = Backoff(initial=1.0, maximum=PERMANENT_RETRY_MAX)  # for what retrying cannot fix
         reached = self._probe is None
         route = self.route

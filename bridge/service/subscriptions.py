@@ -58,19 +58,19 @@ async def _apply(
         from bridge.transports.rabbitmq import events
         from bridge.transports.rabbitmq.admin import run_declaration
         from bridge.transports.rabbitmq.config import describe as where
-        from bridge.transports.rabbitmq.connection import Link, parameters
+        from bridge.transports.rabbitmq.connection import link
         from bridge.transports.rabbitmq.errors import reply_code
         from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
 
         assert isinstance(transport, RabbitTransport)
         name = transport.name
-        link = Link(parameters(transport.config, name, "admin"), where(name))
+        admin = link(transport.config, name, "admin", where(name))
         try:
             for s in made:
                 change = events.subscribe if subscribe else events.unsubscribe
                 try:
                     for declaration in change(s.event, s.queue):
-                        await link.run(run_declaration(declaration), what=declaration.text)
+                        await admin.run(run_declaration(declaration), what=declaration.text)
                 except TransportError as exc:
                     if not subscribe and reply_code(exc) == 404:
                         continue  # nothing to unbind: unsubscribed already, as NServiceBus takes it
@@ -80,7 +80,7 @@ async def _apply(
                         "true}` creates it)"
                     ) from exc
         finally:
-            await link.close()
+            await admin.close()
 
 
 async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) -> list[str]:

@@ -33,8 +33,8 @@ from bridge.nservicebus.delays import refuse_delays
 from bridge.nservicebus.events import OBJECT, exchange_name, topics_of
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.admin import run_declaration
-from bridge.transports.rabbitmq.config import CONFIRM_TIMEOUT, RabbitMQConnection, describe
-from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.config import RabbitMQConnection, describe
+from bridge.transports.rabbitmq.connection import link
 from bridge.transports.rabbitmq.delays import Declaration
 from bridge.transports.rabbitmq.management import curl, endpoint
 from bridge.transports.rabbitmq.sink import encode_batch
@@ -108,7 +108,7 @@ class RabbitMQPublisher:
 
     def __init__(self, config: RabbitMQConnection, name: str) -> None:
         self._where = f"{describe(name)}, publish"
-        self._link = Link(parameters(config, name, "sink"), self._where, confirm=True)
+        self._link = link(config, name, "sink", self._where, confirm=True)
         self._declared: set[tuple[str, ...]] = set()
 
     async def send(
@@ -127,7 +127,7 @@ class RabbitMQPublisher:
                     await self._link.run(run_declaration(declaration), what=declaration.text)
                 self._declared.add(types)
             routes.append((exchange_name(types[0]), ""))
-        outcome = await self._link.publish("", "", messages, timeout=CONFIRM_TIMEOUT, routes=routes)
+        outcome = await self._link.publish("", "", messages, routes=routes)
         if outcome.nacked:
             raise TransportUnavailable(
                 f"{self._where}: the broker refused {outcome.nacked} of {len(messages)} events"
