@@ -532,3 +532,20 @@ def test_parameters_bind_in_the_order_the_statements_declare_them() -> None:
     portable = layout_of(sqlite()).nginn_statements("Orders")
     assert portable.send.count("?") == len(fields) and portable.receive.count("?") == 2
     assert portable.fail.index("error_info = ?") < portable.fail.index("id = ?")
+
+
+def test_nginn_endpoints_are_the_addresses_of_an_nginn_connections_tables() -> None:
+    from bridge.transports.sql.addresses import address_key, canonical_address
+
+    legacy = PostgresConnection.model_validate(
+        {"type": "postgresql", "dsn": "x", "layout": "nginn", "nginn": {**NGINN, "alias": "DB"}}
+    )
+    assert canonical_address(legacy, "Sales") == "sql://DB/Sales"
+    key = address_key(legacy, '"public"."Sales"')
+    # the alias compares without case, as NGinn compares endpoints (SqlMessageTransport2.cs:1127)
+    assert address_key(legacy, "sql://db/Sales") == key == address_key(legacy, "sql://DB/Sales")
+    assert address_key(legacy, "sql://other/Sales") != key
+    assert address_key(legacy, "sql://db/sales") != key  # tables compare exactly
+    nservicebus = PostgresConnection.model_validate({"type": "postgresql", "dsn": "x"})
+    assert canonical_address(nservicebus, "Sales") == '"public"."Sales"'
+    assert address_key(nservicebus, "sql://db/Sales") != address_key(nservicebus, "Sales")
