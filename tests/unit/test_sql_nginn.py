@@ -319,6 +319,16 @@ def test_the_body_keeps_its_own_type_and_an_empty_object_gets_one() -> None:
     )
 
 
+def test_a_body_with_a_byte_order_mark_is_written_without_it() -> None:
+    # NServiceBus.Newtonsoft.Json writes through `new StreamWriter(stream, Encoding.UTF8)`, which
+    # starts with a byte order mark (Particular/NServiceBus.Newtonsoft.Json@0328c7b,
+    # src/NServiceBus.Newtonsoft.Json/JsonMessageSerializer.cs:47); NGinn's msg_text is text.
+    row = outgoing(SENT, b'\xef\xbb\xbf{"OrderId": 7}')
+    assert row.msg_text == '{"$type":"Sales.Messages.OrderPlaced, Sales.Messages","OrderId": 7}'
+    copy = [("NServiceBus.FailedQ", "Orders"), ("NServiceBus.ExceptionInfo.Message", "x")]
+    assert outgoing(copy, b"\xef\xbb\xbfnot json").msg_text == "not json"
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "why"),
     [

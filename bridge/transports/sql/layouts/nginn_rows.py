@@ -329,11 +329,13 @@ class RowMapping:
 
     def _body(self, body: bytes, type_name: str | None, copy: bool) -> str:
         """The body as NGinn reads it: UTF-8 JSON with `$type` first, from the type map where
-        the body has none. An error-queue copy is written as it is (it is not for a handler)."""
+        the body has none. An error-queue copy is written as it is (it is not for a handler).
+        A UTF-8 byte order mark, which NServiceBus's JSON serializers write, is not kept: NGinn
+        reads `msg_text` as a string, and JSON has none."""
         if copy:
-            return body.decode("utf-8", errors="replace")
+            return body.decode("utf-8-sig", errors="replace")
         try:
-            text = body.decode("utf-8")
+            text = body.decode("utf-8-sig")
             parsed = json.loads(text)
         except (UnicodeDecodeError, ValueError) as exc:
             raise HeadersFormatError(
