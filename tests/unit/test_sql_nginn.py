@@ -312,11 +312,25 @@ def test_a_row_nginn_takes_as_its_own() -> None:
     }
 
 
-def test_the_body_keeps_its_own_type_and_an_empty_object_gets_one() -> None:
-    assert outgoing(SENT, b'{"$type": "X.Y, X", "a": 1}').msg_text == '{"$type": "X.Y, X", "a": 1}'
-    assert (
-        outgoing(SENT, b" {}").msg_text == ' {"$type":"Sales.Messages.OrderPlaced, Sales.Messages"}'
+def test_the_body_gets_the_mapped_type_first_and_keeps_its_own_where_none_is_mapped() -> None:
+    # NGinn's serializer leaves MetadataPropertyHandling at Json.NET's default
+    # (Impl/JsonMessageSerializer.cs:48-67), which reads `$type` only as the first property.
+    mapped = '{"$type":"Sales.Messages.OrderPlaced, Sales.Messages"'
+    assert outgoing(SENT, b" {}").msg_text == " " + mapped + "}"
+    # NServiceBus's own assembly-qualified $type, which NGinn's process cannot load, is replaced
+    nservicebus = b'{"$type":"Sales.OrderPlaced, Sales, Version=1.0.0.0","OrderId": 7.10}'
+    assert outgoing(SENT, nservicebus).msg_text == mapped + ',"OrderId":7.10}'
+    unmapped = [("NServiceBus.EnclosedMessageTypes", "X.Y, X")]
+    assert outgoing(unmapped, b'{"$type": "X.Y, X", "a": 1}').msg_text == (
+        '{"$type": "X.Y, X", "a": 1}'
     )
+    # not first: moved first, the other members (nested `$type` too) as they were written
+    late = b'{"a": [1, {"$type": "In, X"}], "$type": "X.Y, X" , "b" : "\\u00e9"}'
+    assert outgoing(unmapped, late).msg_text == (
+        '{"$type":"X.Y, X","a":[1, {"$type": "In, X"}],"b":"\\u00e9"}'
+    )
+    first = next(iter(json.loads(outgoing(SENT, late).msg_text).items()))
+    assert first == ("$type", "Sales.Messages.OrderPlaced, Sales.Messages")
 
 
 def test_a_body_with_a_byte_order_mark_is_written_without_it() -> None:

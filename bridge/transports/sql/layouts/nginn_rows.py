@@ -328,10 +328,14 @@ class RowMapping:
         )
 
     def _body(self, body: bytes, type_name: str | None, copy: bool) -> str:
-        """The body as NGinn reads it: UTF-8 JSON with `$type` first, from the type map where
-        the body has none. An error-queue copy is written as it is (it is not for a handler).
-        A UTF-8 byte order mark, which NServiceBus's JSON serializers write, is not kept: NGinn
-        reads `msg_text` as a string, and JSON has none."""
+        """The body as NGinn reads it: UTF-8 JSON with `"$type"` its first property, which is
+        where Json.NET, with the default MetadataPropertyHandling NGinn leaves it at, looks for
+        it. The `$type` is the type map's for the message's enclosed type where it has one
+        (NServiceBus's own `$type`, an assembly-qualified name NGinn's process cannot load, is
+        replaced), else the body's own, moved first. The other members are kept as written.
+        An error-queue copy is written as it is (it is not for a handler). A UTF-8 byte order
+        mark, which NServiceBus's JSON serializers write, is not kept: NGinn reads `msg_text`
+        as a string, and JSON has none."""
         if copy:
             return body.decode("utf-8-sig", errors="replace")
         try:
@@ -343,15 +347,18 @@ class RowMapping:
             ) from exc
         if not isinstance(parsed, dict):
             raise HeadersFormatError("the body is not a JSON object, which NGinn needs")
-        if "$type" in parsed:
-            return text
-        nginn_type = self.types.get(type_name or "")
+        own = parsed.get("$type")
+        nginn_type = self.types.get(type_name or "") or (own if isinstance(own, str) else None)
         if nginn_type is None:
             raise HeadersFormatError(
                 f"no `nginn.types` entry for message type {type_name!r}: NGinn dispatches on "
                 "the body's $type"
             )
-        return _with_type(text, nginn_type)
+        if "$type" not in parsed:
+            return _with_type(text, nginn_type)
+        if own == nginn_type and next(iter(parsed)) == "$type":
+            return text
+        return _with_type_first(text, nginn_type)
 
     def _sender(self, reply_to: str | None) -> str:
         """`from_endpoint`: `sql://<alias>/<the reply queue's table>`, else `.../bridge`."""
@@ -398,6 +405,35 @@ def _with_type(text: str, nginn_type: str) -> str:
     rest = text[start:]
     member = f'"$type":{json.dumps(nginn_type)}'
     return text[:start] + member + ("" if rest.lstrip().startswith("}") else ",") + rest
+
+
+def _with_type_first(text: str, nginn_type: str) -> str:
+    """`text` (a JSON object holding `"$type"`) with `"$type": nginn_type` its first property
+    and every other member as it was written (numbers keep their digits)."""
+    decoder = json.JSONDecoder()
+    members: list[str] = []
+    index = text.index("{") + 1
+    while True:
+        index = _skip_space(text, index)
+        if text[index] == "}":
+            break
+        key_at = index
+        key, end = decoder.raw_decode(text, key_at)
+        value_at = _skip_space(text, _skip_space(text, end) + 1)  # past the `:`
+        _, index = decoder.raw_decode(text, value_at)
+        if key != "$type":
+            members.append(f"{text[key_at:end]}:{text[value_at:index]}")
+        index = _skip_space(text, index)
+        if text[index] == ",":
+            index += 1
+    first = f'"$type":{json.dumps(nginn_type)}'
+    return "{" + ",".join([first, *members]) + "}"
+
+
+def _skip_space(text: str, index: int) -> int:
+    while text[index] in " \t\r\n":
+        index += 1
+    return index
 
 
 def _table_of(address: str) -> str:
