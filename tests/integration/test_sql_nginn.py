@@ -165,18 +165,31 @@ async def test_unreadable_rows_go_to_the_routes_error_queue_when_it_names_one(
 ) -> None:
     errors = unique("errors")
     await bridge.install([errors])
-    db.nginn().send("{}", "a=b=c", unique_id="bad-1")
+    raw = "a=b=c|Tenant=acme"
+    nginn = db.nginn()
+    nginn.send("{}", raw, unique_id="bad-1", correlation_id="c-9", from_endpoint="sql://db/Ship")
+    (original,) = nginn.rows()
     source = bridge.source(db.table, error_queue=errors)
     batch = await receive(source)
     assert len(batch.poison) == 1
     await batch.commit()
     await source.close()
-    assert [r["subqueue"] for r in db.nginn().rows()] == ["X"]
+    assert [r["subqueue"] for r in nginn.rows()] == ["X"]
     (copy,) = db.nginn(errors).rows()
-    assert copy["subqueue"] == "I" and "cannot be read" in copy["error_info"]
+    assert copy["subqueue"] == "I" and copy["error_info"].startswith("NGinn row ")
     assert copy["to_endpoint"] == f"sql://db/{errors}" and copy["msg_text"] == "{}"
+    # its identity, from the row's columns
+    assert copy["unique_id"] == "bad-1" and copy["correlation_id"] == "c-9"
+    assert copy["from_endpoint"] == "sql://db/Ship"
     headers = nginn_headers(copy["msg_headers"])
-    assert headers["NServiceBus.FailedQ"] and int(headers["NGinn.HeadersLeftOut"]) >= 1
+    assert headers["NServiceBus.MessageId"] == "bad-1"
+    assert headers["NGinn.Id"] == str(original["id"]) and headers["NGinn.To"] == nginn.endpoint
+    assert headers["NServiceBus.FailedQ"]
+    # what NGinn cannot carry in msg_headers (the raw headers, `=` in them) is in error_info
+    left_out = json.loads(copy["error_info"].split("NGinn.HeadersLeftOut: ", 1)[1])
+    assert left_out["NServiceBus.Bridge.RawHeaders"] == raw
+    assert "invalid NGinn header string" in left_out["NServiceBus.ExceptionInfo.Message"]
+    assert int(headers["NGinn.HeadersLeftOut"]) == len(left_out)
 
 
 async def test_rows_the_bridge_writes_are_nginns_own(db: Db, bridge: Transport) -> None:

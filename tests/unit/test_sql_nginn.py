@@ -22,6 +22,7 @@ from bridge.commands import addresses
 from bridge.config.loader import parse_config
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.nservicebus.deadletter import error_copy
 from bridge.nservicebus.wireformat import parse_timestamp
 from bridge.transports.sql.config import (
     NGinnOptions,
@@ -370,8 +371,11 @@ def test_an_error_queue_copy_is_written_as_it_is_with_its_exception_in_error_inf
         ],
         b"not json",
     )
-    assert row.msg_text == "not json" and row.error_info == "headers cannot be read"
+    assert row.msg_text == "not json" and row.error_info == (
+        'headers cannot be read\n\nNGinn.HeadersLeftOut: {"NServiceBus.Bridge.RawHeaders": "a=b=c"}'
+    )
     assert "_NG-TTL" not in row.headers
+    assert dict(parse_headers(row.headers))[LEFT_OUT] == "1"
 
 
 def test_the_time_to_live_is_local_time_in_the_configured_zone() -> None:
@@ -448,6 +452,29 @@ def test_a_row_nginn_could_not_read_is_poison(headers: str | bytes, body: str) -
     poison = mapping().incoming(nginn_row(headers=headers, body=body), 0.0, "Orders")
     assert isinstance(poison, PoisonMessage)
     assert poison.native_id == "42" and "NGinn row 42 cannot be read" in poison.reason
+    assert poison.raw_headers == headers
+
+
+def test_a_row_nginn_could_not_read_keeps_its_identity_from_its_columns() -> None:
+    poison = mapping().incoming(nginn_row(headers="a=b=c"), 0.0, "Orders")
+    assert isinstance(poison, PoisonMessage)
+    assert dict(poison.headers) == {
+        "NServiceBus.MessageId": "u-1",
+        "NServiceBus.CorrelationId": "corr",
+        "NServiceBus.ReplyToAddress": "sql://db/Shipping",
+        "NServiceBus.OriginatingEndpoint": "sql://db/Shipping",
+        "NServiceBus.TimeSent": "2026-07-01 12:00:00:123000 Z",
+        "NGinn.Id": "42",
+        "NGinn.To": "sql://db/Orders",
+        "NGinn.RetryCount": "2",
+        "NGinn.Label": "Sales.Messages.OrderPlaced",
+    }
+    # its copy into an NGinn error table: the same row identity, the raw headers in error_info
+    copy = mapping().outgoing(error_copy(poison, poison.reason, "Orders"), 0.0, "errors")
+    assert (copy.unique_id, copy.correlation_id) == ("u-1", "corr")
+    assert copy.from_endpoint == "sql://db/Shipping"
+    assert dict(parse_headers(copy.headers))["NGinn.Id"] == "42"
+    assert '"NServiceBus.Bridge.RawHeaders": "a=b=c"' in (copy.error_info or "")
 
 
 # -- settings ------------------------------------------------------------------------------------
