@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -258,6 +259,43 @@ async def test_with_retries_the_bridge_moves_due_r_rows_and_cleans_up_old_x_rows
     await source.close()
     await transport.close()
     assert [(r["id"], r["subqueue"]) for r in nginn.rows()] == [(1, "X"), (2, "R")]
+
+
+async def test_a_failing_cleanup_is_logged_and_the_rows_are_received_still(
+    db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NGinn logs its cleanup's and mover's errors and goes on receiving
+    (SqlMessageTransport2.cs:936-940, 1007-1011): so does the bridge."""
+    transport = db.transport(retries=True)
+    await transport.install([db.table])
+    nginn = db.nginn()
+    if db.kind == "postgresql":  # a login without DELETE on the table
+        schema = db.where.split("|")[1]
+        nginn.execute(
+            f'CREATE FUNCTION "{schema}".deny() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+            "RAISE EXCEPTION 'permission denied' USING ERRCODE = '42501'; END $$"
+        )
+        nginn.execute(
+            "CREATE TRIGGER deny BEFORE DELETE ON {0} FOR EACH ROW "
+            f'EXECUTE FUNCTION "{schema}".deny()'
+        )
+    else:
+        nginn.execute(
+            "CREATE TRIGGER deny BEFORE DELETE ON {0} BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+    nginn.send("{}", deliver_at=nginn.now() - timedelta(hours=13))
+    nginn.execute("UPDATE {0} SET subqueue = 'X' WHERE id = 1")  # done 13 hours ago
+    nginn.send("{}")
+    source = transport.source(db.table)
+    with caplog.at_level(logging.WARNING):
+        batch = await receive(source)
+    assert [m.headers.get("NGinn.Id") for m in batch.messages] == ["2"]
+    await batch.commit()
+    await source.close()
+    await transport.close()
+    assert [(r["id"], r["subqueue"]) for r in nginn.rows()] == [(1, "X"), (2, "X")]
+    [warning] = [r for r in caplog.records if "housekeeping" in r.getMessage()]
+    assert warning.levelno == logging.WARNING and db.table in warning.getMessage()
 
 
 async def test_without_retries_r_rows_wait_for_nginns_own_mover(db: Db, bridge: Transport) -> None:
