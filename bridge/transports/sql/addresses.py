@@ -102,7 +102,7 @@ def nginn_table(connection: SqlConnection, address: str) -> str | None:
 
 
 def nginn_alias(connection: SqlConnection) -> str | None:
-    """The alias NGinn endpoints use for `connection`'s database (`layout: nginn`)."""
+    """The alias NGinn endpoints use for `connection`'s database; None: not `layout: nginn`."""
     options = connection.nginn
     return options.alias if connection.layout == "nginn" and options is not None else None
 

@@ -57,9 +57,7 @@ class NGinnLayout(Layout):
             raise ConfigError(f"{dialect.describe()}: `layout: nginn` needs `nginn` settings")
         super().__init__(dialect)
         self.options = options
-        self.mapping = RowMapping(
-            options.alias or dialect.connection_name, options.timezone, options.types
-        )
+        self.mapping = RowMapping(options.alias, options.timezone, options.types)
         self._statements: dict[str, NGinnStatements] = {}
 
     def nginn_statements(self, name: str) -> NGinnStatements:
