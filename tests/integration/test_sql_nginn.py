@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from bridge.batch import Batch
+from bridge.commands import describe_stats
 from bridge.envelope import Envelope, Headers
 from bridge.nservicebus.wireformat import parse_timestamp
+from bridge.protocols import QueueStats
 from bridge.transports.sql.config import PostgresConnection, SqliteConnection
 from bridge.transports.sql.layouts.nginn import NGinnLayout
 from bridge.transports.sql.source import SqlSource
@@ -124,7 +126,12 @@ async def test_rows_nginn_inserts_are_taken_many_per_transaction_and_kept_as_x(
     assert all(r["last_processed"] is not None for r in rows[:3])
     processed = datetime.fromisoformat(str(rows[0]["last_processed"]))
     assert abs((processed - nginn.now()).total_seconds()) < 5, "last_processed in local time"
-    assert await bridge.peek(db.table) == type(await bridge.peek(db.table))(0, None, 0)
+    # the row for another endpoint is not in the depth, but shown apart, and warned of
+    assert await bridge.peek(db.table) == QueueStats(0, None, 0, elsewhere=1)
+    [warning] = await bridge.check([db.table])
+    assert "1 ready row(s) for other endpoints than 'sql://db/" in warning
+    stats = describe_stats("shop", db.table, await bridge.peek(db.table), as_json=False)
+    assert "for other endpoints: 1" in stats
 
 
 async def test_an_aborted_batch_leaves_its_rows_ready(db: Db, bridge: Transport) -> None:

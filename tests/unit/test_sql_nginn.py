@@ -134,6 +134,10 @@ GOLDEN = {
         "DECLARE @endpoint varchar(50) = ?;\n"
         f"select count(*) from {T} with(nolock) WHERE subqueue = 'I' AND to_endpoint = @endpoint"
     ),
+    "elsewhere": (
+        "DECLARE @endpoint varchar(50) = ?;\n"
+        f"select count(*) from {T} with(nolock) WHERE subqueue = 'I' AND to_endpoint <> @endpoint"
+    ),
 }
 
 
@@ -190,7 +194,8 @@ def parse_tsql(statement: str) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    "name", ["receive", "send", "fail", "depth", "oldest", "expired", "mover", "cleanup"]
+    "name",
+    ["receive", "send", "fail", "depth", "oldest", "expired", "elsewhere", "mover", "cleanup"],
 )
 def test_sqlserver_statements_parse_as_tsql_on_the_queue_table(name: str) -> None:
     statement = getattr(layout_of(sqlserver()).nginn_statements("Orders"), name)
@@ -222,7 +227,17 @@ def test_postgresql_and_sqlite_statements_parse_in_their_own_sql(make: Any) -> N
     dialect = make()
     read = {"postgresql": "postgres", "sqlite": "sqlite"}[dialect.kind]
     statements = layout_of(dialect).nginn_statements("Orders")
-    for name in ("receive", "send", "fail", "depth", "oldest", "expired", "mover", "cleanup"):
+    for name in (
+        "receive",
+        "send",
+        "fail",
+        "depth",
+        "oldest",
+        "expired",
+        "elsewhere",
+        "mover",
+        "cleanup",
+    ):
         text = getattr(statements, name).replace("%s", "?")
         (tree,) = sqlglot.parse(text, read=read, error_level=sqlglot.ErrorLevel.RAISE)
         assert tree is not None and not isinstance(tree, exp.Command), name

@@ -67,6 +67,7 @@ class NGinnStatements:
     depth    params (endpoint,) -> `I` rows for the endpoint
     oldest   params (endpoint,) -> seconds since the oldest of them was inserted, or NULL
     expired  params (endpoint,) -> those whose `_NG-TTL` (as NGinn writes it) has passed
+    elsewhere  params (endpoint,) -> `I` rows for other endpoints (NGinn's to forward)
     mover    no params: due `R` rows back to `I`
     cleanup  no params: `X` rows older than the retention deleted
     """
@@ -78,6 +79,7 @@ class NGinnStatements:
     depth: str
     oldest: str
     expired: str
+    elsewhere: str
     mover: str
     cleanup: str
 
@@ -101,6 +103,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
     )
     lock = " FOR UPDATE SKIP LOCKED" if pg else ""
     mine = f"subqueue = 'I' AND lower(to_endpoint) = lower({p})"
+    others = f"subqueue = 'I' AND lower(to_endpoint) <> lower({p})"
     if pg:
         create = (
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
@@ -184,6 +187,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"SELECT count(*) FROM {tp} WHERE {mine} AND {ttl_at} > 0\n"
             f"  AND substr(msg_headers, {ttl_at} + 8, 19) < {now_text}"
         ),
+        elsewhere=f"SELECT count(*) FROM {tp} WHERE {others}",
         mover=(
             f"{_taking(t, mover_where, pg)}UPDATE {qt} SET subqueue = 'I'\n"
             f"{_taken(t, mover_where, pg)}"
@@ -256,6 +260,7 @@ def create_sqlserver(table: str, name: str, catalog: str | None) -> str:
 
 _MINE = "DECLARE @endpoint varchar(50) = ?;\n"
 _WHERE_MINE = "WHERE subqueue = 'I' AND to_endpoint = @endpoint"
+_WHERE_OTHERS = "WHERE subqueue = 'I' AND to_endpoint <> @endpoint"
 
 
 def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
@@ -298,6 +303,7 @@ def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
             "  AND SUBSTRING(msg_headers, CHARINDEX('_NG-TTL=', msg_headers) + 8, 19) "
             "< CONVERT(varchar(19), getdate(), 120)"
         ),
+        elsewhere=f"{_MINE}select count(*) from {t} with(nolock) {_WHERE_OTHERS}",
         mover=(
             f"WITH due AS (SELECT TOP ({MOVER_ROWS}) * FROM {t} WITH (READPAST)\n"
             "  where subqueue='R' and retry_time <= getdate())\n"
