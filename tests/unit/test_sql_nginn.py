@@ -349,6 +349,15 @@ def test_the_body_gets_the_mapped_type_first_and_keeps_its_own_where_none_is_map
     assert first == ("$type", "Sales.Messages.OrderPlaced, Sales.Messages")
 
 
+def test_the_left_out_count_is_right_when_every_header_is_left_out() -> None:
+    headers = [
+        ("NServiceBus.EnclosedMessageTypes", "Sales.OrderPlaced, Sales, Version=1.0.0.0"),
+        ("X", "a=b"),
+        ("Y", "c|d"),
+    ]
+    assert parse_headers(outgoing(headers).headers) == [(LEFT_OUT, "3")]
+
+
 def test_a_body_with_a_byte_order_mark_is_written_without_it() -> None:
     # NServiceBus.Newtonsoft.Json writes through `new StreamWriter(stream, Encoding.UTF8)`, which
     # starts with a byte order mark (Particular/NServiceBus.Newtonsoft.Json@0328c7b,

@@ -340,7 +340,8 @@ class RowMapping:
         written, left_out = format_headers(pairs)
         error_info = headers.get(EXCEPTION_MESSAGE) if copy else None
         if left_out:
-            written = f"{written}|{LEFT_OUT}={len(left_out)}" if written else f"{LEFT_OUT}=1"
+            counted = f"{LEFT_OUT}={len(left_out)}"
+            written = f"{written}|{counted}" if written else counted
             self._count(left_out)
             if copy:  # nothing of an error-queue copy is lost: kept after the exception message
                 kept = {name: value for name, value in pairs if name in set(left_out)}
