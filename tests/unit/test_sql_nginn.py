@@ -96,7 +96,8 @@ GOLDEN = {
     "receive": (
         "DECLARE @endpoint varchar(50) = ?, @n int = ?;\n"
         f"WITH message AS (SELECT TOP(@n) * FROM {T} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
-        "  WHERE subqueue = 'I' AND to_endpoint = @endpoint ORDER BY retry_time, id)\n"
+        "  WHERE subqueue = 'I' AND LOWER(to_endpoint) = LOWER(@endpoint) "
+        "ORDER BY retry_time, id)\n"
         "UPDATE message SET subqueue = 'X', last_processed = getdate()\n"
         "OUTPUT inserted.id, inserted.from_endpoint, inserted.to_endpoint, "
         "inserted.retry_count, inserted.insert_time, inserted.retry_time, "
@@ -132,11 +133,13 @@ GOLDEN = {
     ),
     "depth": (
         "DECLARE @endpoint varchar(50) = ?;\n"
-        f"select count(*) from {T} with(nolock) WHERE subqueue = 'I' AND to_endpoint = @endpoint"
+        f"select count(*) from {T} with(nolock) "
+        "WHERE subqueue = 'I' AND LOWER(to_endpoint) = LOWER(@endpoint)"
     ),
     "elsewhere": (
         "DECLARE @endpoint varchar(50) = ?;\n"
-        f"select count(*) from {T} with(nolock) WHERE subqueue = 'I' AND to_endpoint <> @endpoint"
+        f"select count(*) from {T} with(nolock) "
+        "WHERE subqueue = 'I' AND LOWER(to_endpoint) <> LOWER(@endpoint)"
     ),
 }
 
@@ -185,6 +188,15 @@ def test_the_receive_is_nginns_two_step_receive_for_many_rows() -> None:
     assert "WITH (UPDLOCK, READPAST, ROWLOCK)" in receive and "TOP(@n)" in receive
     assert "subqueue = 'I'" in receive and "ORDER BY retry_time" in receive
     assert "SET subqueue = 'X', last_processed = getdate()" in receive
+
+
+@pytest.mark.parametrize("name", ["receive", "depth", "oldest", "expired", "elsewhere"])
+def test_sqlserver_compares_endpoints_ignoring_case_whatever_the_collation(name: str) -> None:
+    """NGinn compares endpoints ignoring case (SqlMessageTransport2.cs:1127, IsLocalEndpoint);
+    a case-sensitive collation on `to_endpoint` must not strand `sql://DB/Orders` rows."""
+    statement = getattr(layout_of(sqlserver()).nginn_statements("Orders"), name)
+    assert "LOWER(to_endpoint)" in statement and "LOWER(@endpoint)" in statement
+    assert "to_endpoint =" not in statement and "to_endpoint <>" not in statement
 
 
 def parse_tsql(statement: str) -> list[Any]:

@@ -7,7 +7,8 @@ quoted names, and these changes:
 - The receive is NGinn's two steps (`SelectAndLockNext1`: `TOP 1 ... WITH (UPDLOCK, READPAST)
   WHERE subqueue='I' ORDER BY retry_time`; `SelectAndLockNext2`: `SET subqueue='X',
   last_processed=getdate()`) as one statement that takes up to `@n` rows, only those whose
-  `to_endpoint` is the table's own (NGinn forwards the others), and outputs them.
+  `to_endpoint` is the table's own, compared ignoring case as NGinn compares endpoints,
+  whatever the column's collation (NGinn forwards the others), and outputs them.
 - The send is `InsertMessageBatch_InsertSql` for one row, `subqueue` 'I' and `retry_time`
   getdate() (no delivery time, no high priority), `error_info` a parameter (an error-queue
   copy carries its exception message there), without its `with(rowlock)` hint (an insert
@@ -259,8 +260,11 @@ def create_sqlserver(table: str, name: str, catalog: str | None) -> str:
 
 
 _MINE = "DECLARE @endpoint varchar(50) = ?;\n"
-_WHERE_MINE = "WHERE subqueue = 'I' AND to_endpoint = @endpoint"
-_WHERE_OTHERS = "WHERE subqueue = 'I' AND to_endpoint <> @endpoint"
+# Endpoints compare ignoring case whatever the column's collation, as NGinn compares them
+# (SqlMessageTransport2.cs:1127). `to_endpoint` is in no index (NGinn's is `(subqueue,
+# retry_time) INCLUDE (id)`), so LOWER() costs no seek: the index finds the `I` rows either way.
+_WHERE_MINE = "WHERE subqueue = 'I' AND LOWER(to_endpoint) = LOWER(@endpoint)"
+_WHERE_OTHERS = "WHERE subqueue = 'I' AND LOWER(to_endpoint) <> LOWER(@endpoint)"
 
 
 def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
