@@ -43,6 +43,7 @@ from bridge.transports.sql.layouts.nginn_rows import (
     parse_headers,
 )
 from bridge.transports.sql.layouts.nginn_sql import create_sqlserver
+from tests.support.nginn import NGINN_QUERIES
 
 NGINN: dict[str, Any] = {
     "timezone": "Europe/Warsaw",
@@ -182,12 +183,37 @@ def test_sqlserver_statements_are_golden(name: str) -> None:
 
 
 def test_the_receive_is_nginns_two_step_receive_for_many_rows() -> None:
-    """SelectAndLockNext1/2 (NamedQueries.sqlserver.json:2, 4): `with (UPDLOCK, READPAST)`,
-    `subqueue='I' order by retry_time`, then `set subqueue='X', last_processed = getdate()`."""
-    receive = GOLDEN["receive"]
-    assert "WITH (UPDLOCK, READPAST, ROWLOCK)" in receive and "TOP(@n)" in receive
-    assert "subqueue = 'I'" in receive and "ORDER BY retry_time" in receive
-    assert "SET subqueue = 'X', last_processed = getdate()" in receive
+    """The layout's receive, parsed, against NGinn's SelectAndLockNext1/2 (NamedQueries.sqlserver
+    .json:2, 4, verbatim in tests.support.nginn), parsed: the same locking hints, the same
+    `subqueue='I'` predicate and `retry_time` order when selecting, the same SET when marking
+    the rows taken; `TOP(@n)` rather than `top 1`, and only the table's own endpoint's rows."""
+    table = "[shop].[dbo].[Orders]"
+    select_one = sqlglot.parse_one(NGINN_QUERIES["SelectAndLockNext1"].format(table), read="tsql")
+    mark_one = sqlglot.parse_one(NGINN_QUERIES["SelectAndLockNext2"].format(table), read="tsql")
+    *_, receive = parse_tsql(layout_of(sqlserver()).nginn_statements("Orders").receive)
+    assert isinstance(receive, exp.Update)
+    (cte,) = receive.args["with_"].expressions
+    select = cte.this
+    assert isinstance(select, exp.Select) and isinstance(select_one, exp.Select)
+
+    def hints(tree: exp.Expression) -> set[str]:
+        return {v.name.upper() for h in tree.find_all(exp.WithTableHint) for v in h.expressions}
+
+    assert hints(select_one) == {"UPDLOCK", "READPAST"} <= hints(select)
+    assert select.args["from_"].this.name == select_one.args["from_"].this.name == "Orders"
+    assert select_one.args["where"].this in list(select.args["where"].this.flatten())
+    assert [o.this for o in select.args["order"].expressions][:1] == [
+        o.this for o in select_one.args["order"].expressions
+    ]
+    assert select_one.args["limit"].expression.this == "1"
+    assert select.args["limit"].expression == exp.Parameter(this=exp.Var(this="n"))
+    assert receive.expressions == mark_one.expressions  # SET subqueue='X', last_processed=...
+    mine = [
+        c
+        for c in select.args["where"].this.flatten()
+        if "to_endpoint" in c.sql("tsql") and "@endpoint" in c.sql("tsql")
+    ]
+    assert len(mine) == 1
 
 
 @pytest.mark.parametrize("name", ["receive", "depth", "oldest", "expired", "elsewhere"])
