@@ -319,7 +319,8 @@ async def test_without_retries_r_rows_wait_for_nginns_own_mover(db: Db, bridge: 
 
 async def test_competing_receivers_never_take_the_same_row(db: Db, bridge: Transport) -> None:
     """PostgreSQL: each skips the rows another holds (SKIP LOCKED), NGinn's receive too;
-    SQLite: one writer, so the second waits for the first's commit and finds the rest."""
+    SQLite: one writer, so the second (its own connection) waits while the first holds its
+    write transaction, and then finds only the rest."""
     nginn = db.nginn()
     for n in range(6):
         nginn.send(f'{{"$type":"{ORDER_TYPE}","OrderId":{n}}}')
@@ -333,10 +334,14 @@ async def test_competing_receivers_never_take_the_same_row(db: Db, bridge: Trans
         await other.commit()
         await held.commit()
     else:
+        waiting = asyncio.create_task(receive(second, 3))
+        done, _ = await asyncio.wait([waiting], timeout=0.5)
+        assert not done, "a second writer took rows while the first held its transaction"
         await held.commit()
-        other = await receive(second, 3)
+        other = await waiting
         ids = [m.native_id for m in [*held.messages, *other.messages]]
         await other.commit()
+    assert len(held.messages) == 2 and len(other.messages) == 3
     assert len(ids) == len(set(ids)) == (6 if db.kind == "postgresql" else 5)
     await first.close()
     await second.close()
