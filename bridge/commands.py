@@ -413,17 +413,22 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
                 "depth": stats.depth,
                 "oldest_age_seconds": stats.oldest_age_seconds,
                 "expired": stats.expired,
+                "elsewhere": stats.elsewhere,
             }
         )
     age = stats.oldest_age_seconds
-    return "\n".join(
-        [
-            f"{connection}/{queue}",
-            f"  depth:   {stats.depth}",
-            f"  oldest:  {'-' if age is None else f'{age:.1f} s'}",
-            f"  expired: {stats.expired}",
-        ]
-    )
+    lines = [
+        f"{connection}/{queue}",
+        f"  depth:   {stats.depth}",
+        f"  oldest:  {'-' if age is None else f'{age:.1f} s'}",
+        f"  expired: {stats.expired}",
+    ]
+    if stats.elsewhere:
+        lines.append(
+            f"  for other endpoints: {stats.elsewhere} (not in depth; no bridge source takes "
+            "them: NGinn forwards them, or they are stranded)"
+        )
+    return "\n".join(lines)
 
 
 async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) -> int:

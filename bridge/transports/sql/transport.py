@@ -238,10 +238,11 @@ class Transport(RangeReads):
             depth = int(scalar(db, statements.depth, params) or 0)
             oldest = scalar(db, statements.oldest, params)
             expired = int(scalar(db, statements.expired, params) or 0)
+            elsewhere = layout.elsewhere(db, address)
         finally:
             db.rollback()
         age = layout.oldest_age(oldest, time.time())
-        return QueueStats(depth=depth, oldest_age_seconds=age, expired=expired)
+        return QueueStats(depth=depth, oldest_age_seconds=age, expired=expired, elsewhere=elsewhere)
 
 
 def _execute_each(statements: Sequence[str], db: DbConnection) -> None:
