@@ -165,6 +165,17 @@ def _parser() -> argparse.ArgumentParser:
         "endpoints", parents=[common], help="the endpoint registry: addresses and derived routes"
     )
     endpoints.add_argument("--json", action="store_true", help="print JSON")
+    endpoints.add_argument(
+        "--connect",
+        action="store_true",
+        help="also read each subscription's state where its publisher lives",
+    )
+    for verb in ("subscribe", "unsubscribe"):
+        change = subcommands.add_parser(
+            verb, parents=[common], help=f"{verb} an endpoint's proxy by hand"
+        )
+        change.add_argument("--endpoint", required=True, help="a registered endpoint")
+        change.add_argument("--event", required=True, help="an event it subscribes to")
 
     migrate = subcommands.add_parser("migrate", parents=[common], help="bulk-move with PySpark")
     migrate.add_argument("--route", required=True, help="the route whose backlog to move")
@@ -225,7 +236,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
                 deliver_at=args.deliver_at,
             )
         case "endpoints":
-            return await commands.endpoints(config, as_json=args.json)
+            return await commands.endpoints(config, as_json=args.json, connect=args.connect)
+        case "subscribe" | "unsubscribe":
+            return await commands.subscription(
+                config, args.endpoint, args.event, subscribe=args.command == "subscribe"
+            )
         case "peek":
             return await commands.peek(config, args.connection, args.queue, as_json=args.json)
         case "migrate":

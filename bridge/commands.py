@@ -32,7 +32,17 @@ from bridge.telemetry.redact import redactor
 from bridge.transports import load
 from bridge.transports.sql.transport import Transport as SqlTransport
 
-__all__ = ["check", "endpoints", "install", "migrate", "peek", "report", "run", "send"]
+__all__ = [
+    "check",
+    "endpoints",
+    "install",
+    "migrate",
+    "peek",
+    "report",
+    "run",
+    "send",
+    "subscription",
+]
 
 #: Messages `send` hands the sink per call.
 SEND_CHUNK = 1000
@@ -66,11 +76,15 @@ def addresses(config: BridgeConfig, *, installing: bool = False) -> dict[str, li
         if _proxy_left_alone(config, route, installing):
             continue
         ends.append((route.from_.connection, route.from_.address))
-        if not (installing and isinstance(route, DerivedRoute)):  # an endpoint's own queue
+        # An endpoint's own queue is the endpoint's to make; an event route publishes.
+        own = installing and isinstance(route, DerivedRoute)
+        if not (own or route.publish):
             ends.append((route.to.connection, route.to.address))
         error_queue = config.error_queue_of(route)
         if error_queue is not None:
             ends.append((route.from_.connection, error_queue))
+    for connection, topics in config.registry.pubsub.event_topics().items():
+        ends += [(connection, topic) for topic in topics]  # where events go to Kafka, once
     return _by_connection(ends)
 
 
@@ -195,6 +209,68 @@ async def install(config_path: str, *, print_only: bool) -> int:
                 print(f"{name}: created {done}")
     if config.delays is not None:  # where delays wait for Kafka (`bridge.service.delaying`)
         await _install_delays(config, config.delays.connection, print_only)
+    if print_only:
+        for statement in subscription_statements(config):
+            print(statement + "\n")
+        return 0
+    from bridge.service.subscriptions import subscribe_all
+
+    transports: dict[str, Transport] = {}
+    try:
+        for line in await subscribe_all(config, transports):
+            print(line)
+    finally:
+        for transport in transports.values():
+            await transport.close()
+    return 0
+
+
+def subscription_statements(config: BridgeConfig) -> list[str]:
+    """What `install --print-sql` prints for the registry's subscriptions: a comment naming
+    them, then each SQL connection's subscription table (its rows are written when the bridge
+    runs), or on RabbitMQ the exchanges and bindings as management API requests."""
+    from bridge.transports.sql.config import KINDS as SQL_KINDS
+
+    made = config.registry.pubsub.native()
+    out: list[str] = []
+    for name in dict.fromkeys(s.connection for s in made):
+        connection = config.connections[name]
+        comment = "--" if connection.type in SQL_KINDS else "#"
+        lines = [
+            f"{comment} subscriptions on {name}: "
+            + ", ".join(
+                f"{s.endpoint} to {s.event} at {s.address or s.queue}"
+                for s in made
+                if s.connection == name
+            )
+        ]
+        if connection.type in SQL_KINDS:
+            transport = _transport(config, name)
+            from bridge.transports.sql.subscriptions import statements
+            from bridge.transports.sql.transport import Transport as SqlTransport
+
+            assert isinstance(transport, SqlTransport)
+            dialect = transport.dialect
+            table = statements(dialect, transport.config.subscription_table)
+            lines += dialect.printable([table.create])
+        else:
+            from bridge.transports.rabbitmq.config import RabbitMQConnection
+            from bridge.transports.rabbitmq.events import printed, subscribe
+
+            assert isinstance(connection, RabbitMQConnection)
+            for s in made:
+                if s.connection == name:
+                    lines += printed(connection, subscribe(s.event, s.queue))
+        out.append("\n".join(lines))
+    return out
+
+
+async def subscription(config_path: str, endpoint: str, event: str, *, subscribe: bool) -> int:
+    """`bridge subscribe` / `bridge unsubscribe`: one endpoint's native subscription by hand."""
+    from bridge.service.subscriptions import change
+
+    config = load_routes(config_path).config
+    print(await change(config, endpoint, event, subscribe=subscribe))
     return 0
 
 
@@ -358,6 +434,7 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
                 "depth": stats.depth,
                 "oldest_age_seconds": stats.oldest_age_seconds,
                 "expired": stats.expired,
+                "elsewhere": stats.elsewhere,
                 "delayed": stats.delayed,
                 "next_due_seconds": stats.next_due_seconds,
             }
@@ -369,6 +446,11 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
         f"  oldest:  {'-' if age is None else f'{age:.1f} s'}",
         f"  expired: {stats.expired}",
     ]
+    if stats.elsewhere:
+        lines.append(
+            f"  for other endpoints: {stats.elsewhere} (not in depth; no bridge source takes "
+            "them: NGinn forwards them, or they are stranded)"
+        )
     if stats.delayed is not None:
         due = stats.next_due_seconds
         lines.append(f"  delayed: {stats.delayed}")
@@ -394,15 +476,23 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
     return 0
 
 
-def describe_registry(config: BridgeConfig) -> dict[str, Any]:
-    """`bridge endpoints --json`: each endpoint's address on every connection, and the routes."""
+def describe_registry(
+    config: BridgeConfig, states: dict[tuple[str, str], str] | None = None
+) -> dict[str, Any]:
+    """`bridge endpoints --json`: each endpoint's address on every connection, its
+    subscriptions (with `states`, what the publisher's side holds), and the routes."""
     registry = config.registry
     routes = {(r.endpoint, r.from_.connection): r.name for r in config.derived_routes}
     listed: dict[str, dict[str, Any]] = {}
     for place in registry.places():
         entry = listed.setdefault(
             place.endpoint,
-            {"name": place.endpoint, "connection": registry.home(place.endpoint), "addresses": {}},
+            {
+                "name": place.endpoint,
+                "connection": registry.home(place.endpoint),
+                "addresses": {},
+                "subscriptions": [],
+            },
         )
         entry["addresses"][place.connection] = {
             "queue": place.queue,
@@ -410,6 +500,20 @@ def describe_registry(config: BridgeConfig) -> dict[str, Any]:
             "proxy": place.proxy,
             "route": routes.get((place.endpoint, place.connection)),
         }
+    pubsub = registry.pubsub
+    for s in pubsub.subscriptions():
+        subscribed: dict[str, Any] = {
+            "event": s.event,
+            "publisher": s.publisher,
+            "kind": s.kind,
+            "connection": s.connection,
+            "address": s.address or None,
+        }
+        if s.kind == "kafka" or s.kind == "home":
+            subscribed["topic"] = pubsub.topic(s.event)
+        if states is not None and s.native:
+            subscribed["state"] = states.get((s.endpoint, s.event), "unknown")
+        listed[s.endpoint]["subscriptions"].append(subscribed)
     return {
         "endpoints": list(listed.values()),
         "proxies": {"create": config.proxies.create, "connections": registry.connections()},
@@ -428,6 +532,17 @@ def describe_registry(config: BridgeConfig) -> dict[str, Any]:
     }
 
 
+def _how(s: dict[str, Any]) -> str:
+    """How the bridge subscribes, in words (`bridge.config.pubsub`)."""
+    how = {
+        "local": f"on {s['connection']}, by the endpoint itself",
+        "proxy": f"its proxy {s['address']} on {s['connection']}",
+        "kafka": f"via {s['address']} on {s['connection']}, to topic {s.get('topic')}",
+        "home": f"topic {s.get('topic')} published on {s['connection']} to {s['address']}",
+    }[s["kind"]]
+    return how + (f" [{s['state']}]" if "state" in s else "")
+
+
 def render_registry(report: dict[str, Any]) -> str:
     """`bridge endpoints`: one block per endpoint, one line per connection."""
     if not report["endpoints"]:
@@ -439,16 +554,24 @@ def render_registry(report: dict[str, Any]) -> str:
         for connection, place in endpoint["addresses"].items():
             role = f"proxy, route {place['route']}" if place["proxy"] else "its own queue"
             lines.append(f"  {connection:<{width}}  {place['address']}  ({role})")
+        for s in endpoint["subscriptions"]:
+            lines.append(f"  subscribes to {s['event']} from {s['publisher']}: {_how(s)}")
     create = "created by `bridge install`" if report["proxies"]["create"] else "must exist"
     lines.append(f"{len(report['routes'])} derived routes; proxies {create}")
     return "\n".join(lines)
 
 
-async def endpoints(config_path: str, *, as_json: bool) -> int:
-    """Print the endpoint registry: endpoints, their addresses everywhere, derived routes.
-    It connects to nothing, so it needs no credentials."""
-    config = load_routes(config_path, offline=True).config
-    report = describe_registry(config)
+async def endpoints(config_path: str, *, as_json: bool, connect: bool = False) -> int:
+    """Print the endpoint registry: endpoints, their addresses everywhere, subscriptions,
+    derived routes. Without `connect` it connects to nothing, so it needs no credentials; with
+    it, each subscription's state is read where its publisher lives."""
+    config = load_routes(config_path, offline=not connect).config
+    states = None
+    if connect:
+        from bridge.service.subscriptions import state
+
+        states = await state(config)
+    report = describe_registry(config, states)
     print(json.dumps(report, indent=2) if as_json else render_registry(report))
     return 0
 

@@ -26,6 +26,7 @@ from bridge.config.places import place
 from bridge.config.registry import Place, Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
+from bridge.nservicebus.events import type_name_problem
 from bridge.transports.sql.config import KINDS as SQL_KINDS
 
 if TYPE_CHECKING:
@@ -82,6 +83,42 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
+def _publishes(
+    config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
+) -> None:
+    """A route that publishes: `to` names a connection that NServiceBus publishes on."""
+    to = route.to
+    connection = config.connections.get(to.connection)
+    if connection is None:
+        known = ", ".join(sorted(config.connections)) or "none"
+        raise ConfigError(
+            f"to names connection {to.connection!r}, which is not defined (known: {known})",
+            at.at((*path, "to", "connection")),
+        )
+    if connection.type not in PUBLISHES:
+        raise ConfigError(
+            f"publish: connection {to.connection!r} is {connection.type}, where events are not "
+            "published; publish on a SQL or RabbitMQ connection",
+            at.at((*path, "publish")),
+        )
+    if getattr(connection, "topology", "conventional") != "conventional":
+        raise ConfigError(
+            f"publish: RabbitMQ connection {to.connection!r} has the direct topology; the bridge "
+            "publishes to the conventional topology's exchanges",
+            at.at((*path, "publish")),
+        )
+    if to.queue is not None or to.topic is not None or to.group is not None:
+        raise ConfigError(
+            "a route that publishes names only its destination's connection: the subscribers "
+            "say where each event goes",
+            at.at((*path, "to")),
+        )
+
+
+#: Connection types the bridge publishes events on.
+PUBLISHES = ("sqlserver", "postgresql", "sqlite", "rabbitmq")
+
+
 def _loop(config: BridgeConfig, route: Route) -> str | None:
     """Why `route` would forward each message back where it took it from, or None."""
     ends = (route.from_, route.to)
@@ -124,8 +161,11 @@ def lint(config: BridgeConfig, at: Positions) -> None:
             raise ConfigError(f"duplicate route name {route.name!r}", at.at((*path, "name")))
         seen.add(route.name)
         _endpoint(config, route.from_, "from", (*path, "from"), at)
-        _endpoint(config, route.to, "to", (*path, "to"), at)
-        loop = _loop(config, route)
+        if route.publish:
+            _publishes(config, route, path, at)
+        else:
+            _endpoint(config, route.to, "to", (*path, "to"), at)
+        loop = None if route.publish else _loop(config, route)
         if loop is not None:
             raise ConfigError(loop, at.at((*path, "to")))
         if route.error_queue is not None:
@@ -138,6 +178,7 @@ def lint(config: BridgeConfig, at: Positions) -> None:
         for old, new in route.headers.rename.items():
             if not old or not new:
                 raise ConfigError("header names cannot be empty", at.at((*path, "headers")))
+    _events(config, at)
     if config.endpoints:
         _registry(config, at)
     if config.delays is not None:
@@ -157,6 +198,16 @@ def _delays(config: BridgeConfig, name: str, at: Positions) -> None:
             "SQL connection (sqlite, postgresql, sqlserver)",
             where,
         )
+
+
+def _events(config: BridgeConfig, at: Positions) -> None:
+    """`events:`: .NET full names, each with a topic Kafka accepts."""
+    for name, event in config.events.items():
+        problem = type_name_problem(name)
+        if problem is not None:
+            raise ConfigError(problem, at.at(("events", name), key=True))
+        if event.topic is not None:
+            _address_name("kafka", event.topic, f"event {name!r}", at.at(("events", name, "topic")))
 
 
 def _registry(config: BridgeConfig, at: Positions) -> None:
@@ -240,7 +291,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
             at.at(("endpoints", proxy.endpoint), key=True),
         )
     for derived in registry.routes():
-        loop = _loop(config, derived)
+        loop = None if derived.publish else _loop(config, derived)
         if loop is not None:
             raise ConfigError(
                 f"endpoint {derived.endpoint!r}, its proxy on {derived.from_.connection!r}: {loop}",
@@ -254,6 +305,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
                 kind, config.proxies.error_queue, f"proxies.error_queue on {connection!r}", where
             )
     _error_queues(config, at)
+    _subscriptions(config, registry, at)
     _routes_against_registry(config, registry, at)
 
 
@@ -273,6 +325,80 @@ def _error_queues(config: BridgeConfig, at: Positions) -> None:
                 f"error queue {queue!r} is named like endpoint {endpoint!r}: messages the bridge "
                 "cannot forward would be delivered to the endpoint; name another error queue",
                 at.at(path) if written and path else at.at(("endpoints", endpoint), key=True),
+            )
+
+
+def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> None:
+    """`subscribes:` (messaging-bridge.md §2, §4): events with .NET full names, one registered
+    publisher per event, a proxy where the bridge subscribes, a legal topic where an event
+    crosses Kafka, RabbitMQ's conventional topology where it crosses RabbitMQ."""
+    publishers: dict[str, tuple[str, str]] = {}
+    for name, endpoint in config.endpoints.items():
+        seen: set[str] = set()
+        for i, subscription in enumerate(endpoint.subscribes):
+            path: tuple[str | int, ...] = ("endpoints", name, "subscribes", i)
+            event, publisher = subscription.event, subscription.publisher
+            problem = type_name_problem(event)
+            if problem is not None:
+                raise ConfigError(problem, at.at((*path, "event")))
+            if event in seen:
+                raise ConfigError(
+                    f"endpoint {name!r} subscribes to {event!r} twice", at.at((*path, "event"))
+                )
+            seen.add(event)
+            if publisher not in config.endpoints:
+                raise ConfigError(
+                    f"event {event!r}: publisher {publisher!r} is not a registered endpoint "
+                    f"({registry.nearest(publisher, endpoint.connection)}); register it under "
+                    "`endpoints:`",
+                    at.at((*path, "publisher")),
+                )
+            first = publishers.setdefault(event, (publisher, name))
+            if first[0] != publisher:
+                raise ConfigError(
+                    f"event {event!r} has two publishers: {first[0]!r} (for {first[1]!r}) and "
+                    f"{publisher!r}; an event has one publisher",
+                    at.at((*path, "publisher")),
+                )
+    pubsub = registry.pubsub
+    read = {route.from_.address for route in pubsub.routes()}  # topics of events from Kafka
+    for s in pubsub.subscriptions():
+        if not s.native:
+            continue
+        i = [x.event for x in config.endpoints[s.endpoint].subscribes].index(s.event)
+        where = at.at(("endpoints", s.endpoint, "subscribes", i))
+        kinds = {config.connections[c].type for c in (s.connection, registry.home(s.endpoint))}
+        if s.kind in ("proxy", "kafka") and not registry.has_place(s.queue, s.connection):
+            raise ConfigError(
+                f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on "
+                f"{s.connection!r}, where it has no proxy (`proxies: connections` leaves "
+                f"{s.connection!r} out)",
+                where,
+            )
+        for c in (s.connection, registry.home(s.endpoint), registry.home(s.publisher)):
+            model = config.connections[c]
+            if model.type == "rabbitmq" and model.topology != "conventional":
+                raise ConfigError(
+                    f"endpoint {s.endpoint!r} subscribes to {s.event!r} across RabbitMQ "
+                    f"connection {c!r}, whose topology is {model.topology}: the bridge "
+                    "subscribes and publishes with the conventional topology's exchanges",
+                    where,
+                )
+        if s.kind == "kafka" and pubsub.topic(s.event) in read:
+            raise ConfigError(
+                f"event {s.event!r} would go to topic {pubsub.topic(s.event)!r}, from which the "
+                "bridge also publishes events published on Kafka: they would come back; give "
+                "the events their own topics under `events:`",
+                where,
+            )
+        if "kafka" in kinds or s.kind == "home":
+            topic = pubsub.topic(s.event)
+            written = s.event in config.events and config.events[s.event].topic
+            _address_name(
+                "kafka",
+                topic,
+                f"event {s.event!r} (its topic)",
+                at.at(("events", s.event, "topic")) if written else where,
             )
 
 

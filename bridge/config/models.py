@@ -33,6 +33,8 @@ __all__ = [
     "Delays",
     "DerivedRoute",
     "Endpoint",
+    "EventConfig",
+    "EventRoute",
     "HeaderRules",
     "HttpConfig",
     "KafkaConnection",
@@ -43,6 +45,7 @@ __all__ = [
     "Route",
     "SqlServerConnection",
     "SqliteConnection",
+    "Subscription",
 ]
 
 #: Route names (also those the registry derives from endpoint and connection names).
@@ -105,6 +108,12 @@ class Route(Strict):
         "header:NServiceBus.MessageId", description="Kafka record key: `header:NAME` or `none`."
     )
     headers: HeaderRules = Field(default_factory=HeaderRules)
+    publish: bool = Field(
+        False,
+        description="Publish each message on the destination's connection as NServiceBus "
+        "publishers do (SQL: a copy to each subscriber its subscription table lists; RabbitMQ: "
+        "to the event's exchange); `to` names the connection only.",
+    )
     address_map: dict[str, str] = Field(
         default_factory=dict,
         description="Address translations of NServiceBus.ReplyToAddress, NServiceBus.FailedQ and "
@@ -137,8 +146,33 @@ class DerivedRoute(Route):
     endpoint: str = Field(description="The registered endpoint this route forwards to.")
 
 
+class EventRoute(DerivedRoute):
+    """A route the registry derives for an event whose publisher is on Kafka: it reads the
+    event's topic and publishes each event on `to.connection` as NServiceBus publishers do
+    (`endpoint` is the publisher; `to` names the event, not a queue)."""
+
+    event: str = Field(description="The event type (its .NET full name).")
+    publish: bool = True
+
+
+class Subscription(Strict):
+    event: str = Field(description="The event type's .NET full name (Sales.Messages.OrderPlaced).")
+    publisher: str = Field(description="The registered endpoint that publishes it.")
+
+
+class EventConfig(Strict):
+    topic: str | None = Field(
+        None, min_length=1, description="Its Kafka topic; derived from the name when omitted."
+    )
+
+
 class RegisteredEndpoint(Strict):
     connection: str = Field(description="The one connection the endpoint lives on.")
+    subscribes: list[Subscription] = Field(
+        default_factory=list,
+        description="Events it subscribes to: the bridge subscribes its proxy on the "
+        "publisher's connection natively, at `bridge install` and when `bridge run` starts.",
+    )
     queue: str | None = Field(
         None,
         min_length=1,
@@ -195,6 +229,9 @@ class BridgeConfig(Strict):
         "bridge derives a proxy and a route for it on every other connection.",
     )
     proxies: Proxies = Field(Proxies(), description="How proxies are made and read.")
+    events: dict[str, EventConfig] = Field(
+        default_factory=dict, description="Event types by .NET full name: their Kafka topic."
+    )
     delays: Delays | None = Field(
         None, description="Where delays wait for destinations without delayed delivery."
     )

@@ -20,10 +20,15 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from bridge.config.kinds import RULES
 from bridge.config.models import BridgeConfig, DerivedRoute, Endpoint, RegisteredEndpoint
 from bridge.errors import MessageRejected
+
+if TYPE_CHECKING:
+    from bridge.config.pubsub import PubSub
 
 __all__ = ["Registry", "UnknownAddress", "route_name"]
 
@@ -67,6 +72,13 @@ class Registry:
 
     def __bool__(self) -> bool:
         return bool(self.endpoints)
+
+    @cached_property
+    def pubsub(self) -> PubSub:
+        """Subscriptions and the routes of events (`pubsub.py`)."""
+        from bridge.config.pubsub import PubSub
+
+        return PubSub(self)
 
     # -- where everything is ----------------------------------------------------------------------
 
@@ -114,7 +126,8 @@ class Registry:
         return (place for place in self.places() if place.proxy)
 
     def routes(self) -> list[DerivedRoute]:
-        """One route per proxy, into the endpoint's own queue."""
+        """One route per proxy, into the endpoint's own queue; then the routes of events
+        published on Kafka (`pubsub.py`)."""
         proxies = self.config.proxies
         out = []
         for place in self.proxies():
@@ -135,7 +148,7 @@ class Registry:
                     }
                 )
             )
-        return out
+        return [*out, *self.pubsub.routes()]
 
     def _end(self, connection: str, name: str, group: str | None = None) -> Endpoint:
         kind = self.config.connections[connection].type

@@ -76,9 +76,16 @@ class JobSpec:
     def load(self) -> tuple[BridgeConfig, Route]:
         config = self.shipped.config()
         try:
-            return config, config.route(self.route_name)
+            route = config.route(self.route_name)
         except KeyError:
             known = ", ".join(r.name for r in config.all_routes) or "none"
             raise ConfigError(
                 f"no route named {self.route_name!r} (known: {known})", self.shipped.file
             ) from None
+        if route.publish:
+            raise ConfigError(
+                f"route {self.route_name!r} publishes events, which `bridge migrate` does not: "
+                "it moves a queue's backlog into another queue; run the route with `bridge run`",
+                self.shipped.file,
+            )
+        return config, route

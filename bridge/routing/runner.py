@@ -28,7 +28,8 @@ State
 
 Failures
     A retriable error (`retriable = True` on the `BridgeError` class) puts the loop into backoff
-    (capped exponential, jittered: 0.1 s doubling to 30 s) and it retries on its own. Any other
+    (capped exponential, jittered: 0.1 s doubling to `RETRY_MAX`, 20 s) and it retries on its
+    own, so a route runs again within about 20 s of its service's return. Any other
     error (a refused login, `AccessRefused`; a missing table or queue; an untranslated driver
     error) will not go away by retrying, but someone may fix it while the service runs (a
     password changed back, a grant, `bridge install`): the loop is `failing`, logs the error at
@@ -52,9 +53,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from bridge.config.models import Route
+from bridge.config.models import DerivedRoute, Route
 from bridge.envelope import Envelope
 from bridge.errors import BridgeError, MessageRejected, MessagesRejected
+from bridge.nservicebus.events import is_control, is_published, topics_of
 from bridge.protocols import Readiness, ReceivedBatch, Sink, Source
 from bridge.routing.receiver import Receiver
 from bridge.routing.retry import Backoff
@@ -66,6 +68,10 @@ __all__ = ["RouteRunner", "RouteStats"]
 
 log = logging.getLogger("bridge.route")
 
+#: The longest wait between two attempts of a loop whose error may go away (a service down, a
+#: network gone): the most a route can lag behind its service's return, within the fault
+#: suite's 30 s (tests/integration/test_network_faults.py).
+RETRY_MAX = 20.0
 #: The longest wait between two attempts of a loop whose error will not go away by retrying.
 PERMANENT_RETRY_MAX = 300.0
 
@@ -83,6 +89,10 @@ class RouteStats:
     retried: int = 0
     retried_messages: int = 0
     batches: int = 0
+    #: Subscribe/Unsubscribe control messages a proxy's route dropped (`nservicebus/events.py`).
+    control_dropped: int = 0
+    #: Published events forwarded, by event type (the most derived one they carry).
+    published: dict[str, int] = field(default_factory=dict)
     state: str = "starting"
     last_error: str | None = None
     last_error_at: float | None = None
@@ -113,6 +123,10 @@ class RouteRunner:
         self._stop_on_fatal = stop_on_fatal
         self._probe = probe
         self._rules = rules or RouteRules(route)
+        # A proxy's route drops control messages and counts events, as the Messaging Bridge's
+        # proxies see them; a written route forwards whatever it takes, uncounted.
+        self._proxy = isinstance(route, DerivedRoute)
+        self._counts_events = self._proxy or route.publish
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
@@ -201,7 +215,7 @@ class RouteRunner:
 
     async def _loop(self, index: int) -> None:
         source, sink = self._endpoints()
-        backoff = Backoff()
+        backoff = Backoff(maximum=RETRY_MAX)
         slow = Backoff(initial=1.0, maximum=PERMANENT_RETRY_MAX)  # for what retrying cannot fix
         reached = self._probe is None
         route = self.route
@@ -281,6 +295,8 @@ class RouteRunner:
         now = time.time()
         originals = [e for e in batch.messages if e.expires_at is None or e.expires_at > now]
         expired = batch.expired + len(batch.messages) - len(originals)
+        if self._proxy:
+            originals = self._without_control(originals)
         refused: list[BaseException] = []
         with self.tracing.batch(originals):
             live = await self._send(batch, sink, originals, refused)
@@ -292,8 +308,34 @@ class RouteRunner:
         stats.poison += failed
         stats.batches += 1
         self.metrics.forwarded(live, expired, failed)
+        if self._counts_events:
+            self._count_events(live)
         if failed:
             self._log_error_queue(failed, batch, refused)
+
+    def _without_control(self, envelopes: list[Envelope]) -> list[Envelope]:
+        """`envelopes` but Subscribe/Unsubscribe control messages, which leave with the commit
+        (EndpointProxyFactory.cs:27-29 of Particular/NServiceBus.MessagingBridge@ef463cf)."""
+        kept = [e for e in envelopes if not is_control(e.headers)]
+        dropped = len(envelopes) - len(kept)
+        if dropped:
+            self.stats.control_dropped += dropped
+            self.metrics.control_dropped(dropped)
+            log.debug(
+                "route %s: dropped %d Subscribe/Unsubscribe control message(s)",
+                self.route.name,
+                dropped,
+                extra={"route": self.route.name},
+            )
+        return kept
+
+    def _count_events(self, envelopes: list[Envelope]) -> None:
+        published = self.stats.published
+        for envelope in envelopes:
+            if is_published(envelope.headers):
+                event = topics_of(envelope.headers)[0]
+                published[event] = published.get(event, 0) + 1
+                self.metrics.published(event)
 
     def _log_error_queue(
         self, failed: int, batch: ReceivedBatch, refused: list[BaseException]

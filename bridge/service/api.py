@@ -128,6 +128,10 @@ class RouteReport(_Shape):
     retried: int = _absent()
     retried_messages: int = _absent()
     batches: int = _absent()
+    control_dropped: int = _absent("Subscribe/Unsubscribe control messages a derived route dropped")
+    published: dict[str, int] = _absent(
+        "published events a derived route forwarded or published, by event type"
+    )
     last_error: str | None = Field(None, description="redacted: never a secret")
     last_error_at: float | None = None
     workers: list[WorkerRouteState] = _absent("each worker's state, under `bridge run --workers`")

@@ -123,7 +123,9 @@ def movers(
     moves."""
     found: dict[tuple[str, str], DelayedMover] = {}
     ends = [(r.from_.connection, r.from_.address) for r in routes]
-    for name, address in ends + [(r.to.connection, r.to.address) for r in routes]:
+    # A publishing route's `to` names an event, not a queue (`bridge.config.pubsub`).
+    ends += [(r.to.connection, r.to.address) for r in routes if not r.publish]
+    for name, address in ends:
         connection = config.connections[name]
         if connection.type not in SQL_KINDS or (name, address) in found:
             continue

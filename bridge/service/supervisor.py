@@ -12,6 +12,11 @@ Every SQL queue table of the routes gets a mover of its delayed messages
 (`bridge.service.movers`), and with `delays:` the messages delayed for destinations that
 cannot delay are sent when due (`bridge.service.delaying`); both run until the routes stop.
 
+At start, the registry's native subscriptions are made again (`subscriptions.py`), retried in
+the background until they are, while the routes run. A route of an event published on Kafka
+publishes through its destination's publisher, and a Kafka carrier's proxy route sends events to
+their topics (`bridge.config.pubsub`).
+
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
 group's lag for a Kafka topic (from the destination's stored positions when it keeps them).
@@ -26,7 +31,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import BridgeConfig, Route
+from bridge.config.models import BridgeConfig, DerivedRoute, Route
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -35,11 +40,13 @@ from bridge.protocols import (
     TransactionalSource,
     Transport,
 )
+from bridge.routing.retry import Backoff
 from bridge.routing.rules import RouteRules
 from bridge.routing.runner import Probe, RouteRunner
 from bridge.service.delaying import delayed_producer, delaying_sink
 from bridge.service.http import HealthServer, RunnerStatus
 from bridge.service.movers import movers
+from bridge.service.subscriptions import event_sink, publisher, subscribe_all
 from bridge.service.summary import RouteSummary, RunSummary
 from bridge.service.workers import WorkerLink
 from bridge.telemetry.metrics import Metrics
@@ -86,8 +93,16 @@ class Supervisor:
     def _runner(self, route: Route) -> RouteRunner:
         source_transport = self._transport(route.from_.connection)
         sink_transport = self._transport(route.to.connection)
+        config = self.config
 
         def endpoints() -> tuple[Source, Sink]:
+            if route.publish:  # each message is published (an event route's: read from Kafka)
+                source = source_transport.source(
+                    route.from_.address,
+                    group=route.from_.group,
+                    error_queue=route.error_queue_name,
+                )
+                return source, publisher(config, sink_transport, route.to.connection)
             source, sink = plain()
             to = route.to
             return source, delaying_sink(
@@ -103,6 +118,10 @@ class Supervisor:
                     return source, source.sink_in_transaction(route.to.address)
                 return source, source_transport.sink(route.to.address, key=route.key)
             sink = sink_transport.sink(route.to.address, key=route.key)
+            if isinstance(route, DerivedRoute):  # a Kafka carrier's events go to their topics
+                sink = event_sink(
+                    config, sink_transport, route.from_.connection, route.endpoint, sink
+                )
             # A sink that stores source positions with its rows makes the route exactly-once.
             store = sink if isinstance(sink, CheckpointStore) else None
             return source_transport.source(
@@ -126,10 +145,10 @@ class Supervisor:
     def _probe(self, route: Route) -> Probe:
         """Reach the route's source and destination, as `bridge check --connect` does."""
         wanted: dict[str, list[str]] = {}
-        for connection, address in (
-            (route.from_.connection, route.from_.address),
-            (route.to.connection, route.to.address),
-        ):
+        ends = [(route.from_.connection, route.from_.address)]
+        if not route.publish:  # `to` names no queue: the subscribers say where events go
+            ends.append((route.to.connection, route.to.address))
+        for connection, address in ends:
             wanted.setdefault(connection, []).append(address)
 
         async def probe() -> None:
@@ -153,7 +172,7 @@ class Supervisor:
         """Where the route's source positions are stored with its rows (exactly-once), if any."""
         if route.name not in self._position_stores:
             store = None
-            if route.from_.connection != route.to.connection:
+            if route.from_.connection != route.to.connection and not route.publish:
                 sink = self._transport(route.to.connection).sink(route.to.address, key=route.key)
                 store = sink if isinstance(sink, CheckpointStore) else None
             self._position_stores[route.name] = store
@@ -165,6 +184,20 @@ class Supervisor:
         self._stopping.set()
         for runner in self.runners:
             runner.stop()
+
+    async def _subscribe(self) -> None:
+        """Make the registry's subscriptions (idempotent), retrying until they are made: a
+        publisher's database or broker that is down at start must not stop the routes."""
+        backoff = Backoff(initial=1.0, maximum=60.0)
+        while not self._stopping.is_set():
+            try:
+                await subscribe_all(self.config, self.transports)
+                return
+            except Exception as exc:  # retried; the routes run meanwhile
+                delay = backoff.next_delay()
+                log.error("subscriptions not made: %s; trying again in %.0fs", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
     async def _run_route(self, runner: RouteRunner) -> None:
         await runner.run()
@@ -232,6 +265,7 @@ class Supervisor:
                 asyncio.create_task(self._run_route(r), name=r.route.name) for r in self.runners
             ]
             depths = asyncio.create_task(self._watch_depths(), name="depths")
+            subscribing = asyncio.create_task(self._subscribe(), name="subscriptions")
             moving = [  # delayed messages (`bridge.service.movers`, `delaying`)
                 asyncio.create_task(m.run(self._stopping), name=f"mover {m.address}")
                 for m in movers(self.config, self.routes, self._transport)
@@ -246,6 +280,8 @@ class Supervisor:
             self._ended = time.monotonic()
             self._stopping.set()
             await depths
+            subscribing.cancel()
+            await asyncio.gather(subscribing, return_exceptions=True)
             await asyncio.gather(*moving)
         finally:
             if self.http is not None:

@@ -61,7 +61,10 @@ HEALTHY_RUN_SECONDS = 60.0
 STATUS_TIMEOUT = 2.0
 
 _SEVERITY = {"failed": 5, "failing": 4, "backoff": 3, "starting": 2, "stopped": 1, "running": 0}
-_COUNTERS = ("forwarded", "expired", "poison", "retried", "retried_messages", "batches")
+_COUNTERS = (
+    *("forwarded", "expired", "poison", "retried", "retried_messages", "batches"),
+    "control_dropped",
+)
 
 
 class WorkerLink:
@@ -350,7 +353,10 @@ def merge_routes(
                 merged[name] = dict(route)
                 continue
             for key in _COUNTERS:
-                into[key] += route[key]
+                into[key] = into.get(key, 0) + route.get(key, 0)
+            published = into["published"] = dict(into.get("published", {}))
+            for event, count in route.get("published", {}).items():
+                published[event] = published.get(event, 0) + count
             if _SEVERITY.get(route["state"], 5) > _SEVERITY.get(into["state"], 5):
                 into["state"] = route["state"]
             if (route["last_error_at"] or 0) > (into["last_error_at"] or 0):

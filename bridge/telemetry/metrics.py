@@ -8,6 +8,10 @@ prometheus_client registry that `/metrics` renders. Instruments (all with a `rou
 - `bridge_batches_retried_total` (failed attempts: each one put a loop into backoff)
 - `bridge_messages_delayed_total` (forwarded with a delay still to come, which the destination
   holds until due), with a `destination` attribute too: `<connection>/<address>`
+- `bridge_events_published_total` (published events a derived route forwarded or published),
+  with an `event` attribute too: the most derived type the event carries
+- `bridge_control_messages_dropped_total` (Subscribe/Unsubscribe control messages a proxy's
+  route dropped, as the Messaging Bridge drops them)
 - `bridge_batch_size` and `bridge_batch_duration_seconds` histograms (buckets from 1 ms up to
   an hour: a drained backlog is minutes old)
 - `bridge_end_to_end_latency_seconds` from `NServiceBus.TimeSent` to the destination's accept,
@@ -72,6 +76,16 @@ class Metrics:
             "bridge_messages_delayed",
             unit="1",
             description="Messages forwarded with a delay the destination holds until due",
+        )
+        self.events_published = meter.create_counter(
+            "bridge_events_published",
+            unit="1",
+            description="Published events forwarded or published, by event type",
+        )
+        self.control_dropped = meter.create_counter(
+            "bridge_control_messages_dropped",
+            unit="1",
+            description="Subscribe/Unsubscribe control messages a proxy's route dropped",
         )
         self.batch_size = meter.create_histogram(
             "bridge_batch_size", unit="1", description="Messages per received batch"
@@ -155,6 +169,7 @@ class RouteMetrics:
             metrics.retried,
             metrics.retried_batches,
             metrics.in_flight,
+            metrics.control_dropped,
         ):
             counter.add(0, self._attrs)
         metrics.delayed.add(0, self._delay_attrs)
@@ -191,6 +206,12 @@ class RouteMetrics:
             self._m.expired.add(expired, attrs)
         if failed:
             self._m.failed.add(failed, attrs)
+
+    def published(self, event: str) -> None:
+        self._m.events_published.add(1, {**self._attrs, "event": event})
+
+    def control_dropped(self, count: int) -> None:
+        self._m.control_dropped.add(count, self._attrs)
 
     def retried(self, messages: int) -> None:
         """A failed attempt; `messages` were in hand and go back to the source."""

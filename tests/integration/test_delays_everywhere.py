@@ -61,7 +61,7 @@ def write_config(
               pg: {{type: postgresql, dsn: "{dsn}", schema: {schema}}}
               lite: {{type: sqlite, path: "{tmp_path / "lite.db"}"}}
               ng: {{type: sqlite, path: "{tmp_path / "ng.db"}", layout: nginn,
-                    nginn: {{timezone: Europe/Warsaw, retries: true,
+                    nginn: {{alias: ng, timezone: Europe/Warsaw, retries: true,
                            types: {{Sales.OrderPlaced: "Sales.OrderPlaced, Sales"}}}}}}
               rabbit: {{type: rabbitmq, url: "{rabbit}", topology: direct}}
               kafka: {{type: kafka, bootstrap_servers: "{kafka}", idempotence: false,

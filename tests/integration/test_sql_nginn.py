@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 from bridge.batch import Batch
+from bridge.commands import describe_stats
 from bridge.envelope import Envelope, Headers
 from bridge.nservicebus.wireformat import parse_timestamp
+from bridge.protocols import QueueStats
 from bridge.transports.sql.config import PostgresConnection, SqliteConnection
 from bridge.transports.sql.layouts.nginn import NGinnLayout
 from bridge.transports.sql.source import SqlSource
@@ -123,9 +127,14 @@ async def test_rows_nginn_inserts_are_taken_many_per_transaction_and_kept_as_x(
     assert all(r["last_processed"] is not None for r in rows[:3])
     processed = datetime.fromisoformat(str(rows[0]["last_processed"]))
     assert abs((processed - nginn.now()).total_seconds()) < 5, "last_processed in local time"
-    stats = await bridge.peek(db.table)
-    assert (stats.depth, stats.oldest_age_seconds, stats.expired) == (0, None, 0)
-    assert stats.delayed == 1  # the `R` row waits (tests/integration/test_sql_delayed.py)
+    # the row for another endpoint is not in the depth, but shown apart, and warned of; the
+    # `R` row waits (tests/integration/test_sql_delayed.py)
+    peeked = await bridge.peek(db.table)
+    assert peeked == QueueStats(0, None, 0, elsewhere=1, delayed=1, next_due_seconds=ANY)
+    [warning] = await bridge.check([db.table])
+    assert "1 ready row(s) for other endpoints than 'sql://db/" in warning
+    stats = describe_stats("shop", db.table, await bridge.peek(db.table), as_json=False)
+    assert "for other endpoints: 1" in stats
 
 
 async def test_an_aborted_batch_leaves_its_rows_ready(db: Db, bridge: Transport) -> None:
@@ -167,18 +176,31 @@ async def test_unreadable_rows_go_to_the_routes_error_queue_when_it_names_one(
 ) -> None:
     errors = unique("errors")
     await bridge.install([errors])
-    db.nginn().send("{}", "a=b=c", unique_id="bad-1")
+    raw = "a=b=c|Tenant=acme"
+    nginn = db.nginn()
+    nginn.send("{}", raw, unique_id="bad-1", correlation_id="c-9", from_endpoint="sql://db/Ship")
+    (original,) = nginn.rows()
     source = bridge.source(db.table, error_queue=errors)
     batch = await receive(source)
     assert len(batch.poison) == 1
     await batch.commit()
     await source.close()
-    assert [r["subqueue"] for r in db.nginn().rows()] == ["X"]
+    assert [r["subqueue"] for r in nginn.rows()] == ["X"]
     (copy,) = db.nginn(errors).rows()
-    assert copy["subqueue"] == "I" and "cannot be read" in copy["error_info"]
+    assert copy["subqueue"] == "I" and copy["error_info"].startswith("NGinn row ")
     assert copy["to_endpoint"] == f"sql://db/{errors}" and copy["msg_text"] == "{}"
+    # its identity, from the row's columns
+    assert copy["unique_id"] == "bad-1" and copy["correlation_id"] == "c-9"
+    assert copy["from_endpoint"] == "sql://db/Ship"
     headers = nginn_headers(copy["msg_headers"])
-    assert headers["NServiceBus.FailedQ"] and int(headers["NGinn.HeadersLeftOut"]) >= 1
+    assert headers["NServiceBus.MessageId"] == "bad-1"
+    assert headers["NGinn.Id"] == str(original["id"]) and headers["NGinn.To"] == nginn.endpoint
+    assert headers["NServiceBus.FailedQ"]
+    # what NGinn cannot carry in msg_headers (the raw headers, `=` in them) is in error_info
+    left_out = json.loads(copy["error_info"].split("NGinn.HeadersLeftOut: ", 1)[1])
+    assert left_out["NServiceBus.Bridge.RawHeaders"] == raw
+    assert "invalid NGinn header string" in left_out["NServiceBus.ExceptionInfo.Message"]
+    assert int(headers["NGinn.HeadersLeftOut"]) == len(left_out)
 
 
 async def test_rows_the_bridge_writes_are_nginns_own(db: Db, bridge: Transport) -> None:
@@ -249,6 +271,43 @@ async def test_with_retries_the_bridge_moves_due_r_rows_and_cleans_up_old_x_rows
     assert [(r["id"], r["subqueue"]) for r in nginn.rows()] == [(1, "X"), (2, "R")]
 
 
+async def test_a_failing_cleanup_is_logged_and_the_rows_are_received_still(
+    db: Db, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NGinn logs its cleanup's and mover's errors and goes on receiving
+    (SqlMessageTransport2.cs:936-940, 1007-1011): so does the bridge."""
+    transport = db.transport(retries=True)
+    await transport.install([db.table])
+    nginn = db.nginn()
+    if db.kind == "postgresql":  # a login without DELETE on the table
+        schema = db.where.split("|")[1]
+        nginn.execute(
+            f'CREATE FUNCTION "{schema}".deny() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+            "RAISE EXCEPTION 'permission denied' USING ERRCODE = '42501'; END $$"
+        )
+        nginn.execute(
+            "CREATE TRIGGER deny BEFORE DELETE ON {0} FOR EACH ROW "
+            f'EXECUTE FUNCTION "{schema}".deny()'
+        )
+    else:
+        nginn.execute(
+            "CREATE TRIGGER deny BEFORE DELETE ON {0} BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+    nginn.send("{}", deliver_at=nginn.now() - timedelta(hours=13))
+    nginn.execute("UPDATE {0} SET subqueue = 'X' WHERE id = 1")  # done 13 hours ago
+    nginn.send("{}")
+    source = transport.source(db.table)
+    with caplog.at_level(logging.WARNING):
+        batch = await receive(source)
+    assert [m.headers.get("NGinn.Id") for m in batch.messages] == ["2"]
+    await batch.commit()
+    await source.close()
+    await transport.close()
+    assert [(r["id"], r["subqueue"]) for r in nginn.rows()] == [(1, "X"), (2, "X")]
+    [warning] = [r for r in caplog.records if "housekeeping" in r.getMessage()]
+    assert warning.levelno == logging.WARNING and db.table in warning.getMessage()
+
+
 async def test_without_retries_r_rows_wait_for_nginns_own_mover(db: Db, bridge: Transport) -> None:
     nginn = db.nginn()
     nginn.send(f'{{"$type":"{ORDER_TYPE}","OrderId":5}}', deliver_at=nginn.now())
@@ -263,7 +322,8 @@ async def test_without_retries_r_rows_wait_for_nginns_own_mover(db: Db, bridge: 
 
 async def test_competing_receivers_never_take_the_same_row(db: Db, bridge: Transport) -> None:
     """PostgreSQL: each skips the rows another holds (SKIP LOCKED), NGinn's receive too;
-    SQLite: one writer, so the second waits for the first's commit and finds the rest."""
+    SQLite: one writer, so the second (its own connection) waits while the first holds its
+    write transaction, and then finds only the rest."""
     nginn = db.nginn()
     for n in range(6):
         nginn.send(f'{{"$type":"{ORDER_TYPE}","OrderId":{n}}}')
@@ -277,10 +337,14 @@ async def test_competing_receivers_never_take_the_same_row(db: Db, bridge: Trans
         await other.commit()
         await held.commit()
     else:
+        waiting = asyncio.create_task(receive(second, 3))
+        done, _ = await asyncio.wait([waiting], timeout=0.5)
+        assert not done, "a second writer took rows while the first held its transaction"
         await held.commit()
-        other = await receive(second, 3)
+        other = await waiting
         ids = [m.native_id for m in [*held.messages, *other.messages]]
         await other.commit()
+    assert len(held.messages) == 2 and len(other.messages) == 3
     assert len(ids) == len(set(ids)) == (6 if db.kind == "postgresql" else 5)
     await first.close()
     await second.close()

@@ -21,6 +21,7 @@ import yaml
 from bridge.config.loader import parse_config
 from bridge.config.models import (
     Endpoint,
+    EventConfig,
     HeaderRules,
     HttpConfig,
     KafkaConnection,
@@ -31,6 +32,7 @@ from bridge.config.models import (
     Route,
     SqliteConnection,
     SqlServerConnection,
+    Subscription,
 )
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "bridge"
@@ -357,6 +359,8 @@ CONNECTION_MODELS = {
     "endpoint": Endpoint,
     "registeredEndpoint": RegisteredEndpoint,
     "proxies": Proxies,
+    "subscription": Subscription,
+    "event": EventConfig,
     "route": Route,
     "headerRules": HeaderRules,
 }
@@ -378,9 +382,14 @@ REGISTRY: dict[str, Any] = {
     "routes": [],
     "endpoints": {
         "Sales": {"connection": "legacy"},
-        "Billing": {"connection": "rabbit", "concurrency": "${BILLING_LOOPS:-2}"},
+        "Billing": {
+            "connection": "rabbit",
+            "concurrency": "${BILLING_LOOPS:-2}",
+            "subscribes": [{"event": "Sales.Messages.OrderPlaced", "publisher": "Sales"}],
+        },
     },
     "proxies": {"create": True},
+    "events": {"Sales.Messages.OrderPlaced": {"topic": "sales.order-placed"}},
 }
 
 
@@ -393,6 +402,7 @@ def test_a_registry_alone_renders_with_its_connections_and_passes_check(
     assert set(rendered["connections"]) == {"legacy", "rabbit"}
     assert rendered["routes"] == []
     assert rendered["proxies"] == {"create": True, "connections": ["legacy", "rabbit"]}
+    assert rendered["events"] == REGISTRY["events"]
     env = {"LEGACY_ODBC": "Driver=x", "RABBIT_URL": "amqp://r/"}
     config = parse_config(yaml.safe_dump(rendered), env=env).config
     assert sorted(r.name for r in config.all_routes) == [

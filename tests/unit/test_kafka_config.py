@@ -45,7 +45,22 @@ def test_plaintext_has_no_security_settings() -> None:
         "bootstrap_servers": "b:9092",
         "client_id": "bridge",
         "security_protocol": "PLAINTEXT",
+        "request_timeout_ms": 40_000,
     }
+
+
+def test_every_client_waits_request_timeout_ms_for_an_answer() -> None:
+    """What bounds a silent network (aiokafka's default, 40 s, when not set)."""
+    settings = connection(request_timeout_ms=8_000, session_timeout_ms=6_000)
+    for kwargs in (producer_kwargs(settings), consumer_kwargs(settings, "g")):
+        assert kwargs["request_timeout_ms"] == 8_000
+
+
+def test_a_request_timeout_within_the_session_timeout_is_a_config_error() -> None:
+    """aiokafka's JoinGroup asks the broker to wait up to the rebalance timeout, which is the
+    session timeout: a request timeout within it could drop every join."""
+    with pytest.raises(ConfigError, match=r"request_timeout_ms .* must be more than"):
+        client_kwargs(connection(request_timeout_ms=10_000, session_timeout_ms=10_000))
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])

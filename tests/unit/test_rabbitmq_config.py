@@ -9,8 +9,8 @@ import pytest
 from bridge.config.models import RabbitMQConnection
 from bridge.errors import ConfigError
 from bridge.transports.rabbitmq import Transport
-from bridge.transports.rabbitmq.config import publish_route, queue_arguments
-from bridge.transports.rabbitmq.connection import parameters
+from bridge.transports.rabbitmq.config import lint, publish_route, queue_arguments
+from bridge.transports.rabbitmq.connection import link, parameters
 
 
 def config(**fields: Any) -> RabbitMQConnection:
@@ -26,6 +26,42 @@ def test_parameters_come_from_the_url_with_the_bridge_defaults() -> None:
     assert params.connection_attempts == 1
     assert params.blocked_connection_timeout == 60.0
     assert params.client_properties == {"connection_name": "bridge rabbit sink"}
+
+
+def test_a_heartbeat_is_asked_for_when_the_url_names_none() -> None:
+    """pika alone takes the broker's proposal (`_tune_heartbeat_timeout`), which may be none
+    (a broker with `heartbeat = 0`): then a silent network is never noticed. The default, 60 s,
+    is NServiceBus RabbitMQ's: `HeartbeatInterval { get; set; } = TimeSpan.FromSeconds(60)`
+    (src/NServiceBus.Transport.RabbitMQ/RabbitMQTransport.cs:179-187), handed to the client as
+    `RequestedHeartbeat` (src/NServiceBus.Transport.RabbitMQ/Connection/ConnectionFactory.cs:42)."""
+    assert parameters(config(), "rabbit", "sink").heartbeat == 60
+    assert parameters(config(heartbeat=5), "rabbit", "sink").heartbeat == 5
+    assert parameters(config(heartbeat=0), "rabbit", "sink").heartbeat == 0  # off, as asked
+
+
+def test_timeouts_are_settings_that_reach_the_links_and_the_connection() -> None:
+    settings = config(connect_timeout=3, operation_timeout=4, confirm_timeout=5, blocked_timeout=6)
+    made = link(settings, "rabbit", "sink", "where", confirm=True)
+    assert (made.connect_timeout, made.operation_timeout, made.confirm_timeout) == (3, 4, 5)
+    assert parameters(settings, "rabbit", "sink").blocked_connection_timeout == 6
+    defaults = link(config(), "rabbit", "source", "where")
+    assert (defaults.connect_timeout, defaults.operation_timeout) == (15, 30)
+    assert defaults.confirm_timeout == 120
+
+
+@pytest.mark.parametrize(
+    ("option", "setting"),
+    [("heartbeat=7", {"heartbeat": 9}), ("blocked_connection_timeout=5", {"blocked_timeout": 9})],
+)
+def test_a_setting_given_in_the_url_and_as_a_key_is_a_problem(
+    option: str, setting: dict[str, int]
+) -> None:
+    (key,) = setting
+    problems = list(lint(config(url=f"amqp://u:p@h/%2F?{option}", **setting)))
+    assert problems == [
+        (key, f"{key} is also given in the url ({option.split('=')[0]}); give it once")
+    ]
+    assert list(lint(config(url=f"amqp://u:p@h/%2F?{option}"))) == []
 
 
 def test_options_in_the_url_win() -> None:

@@ -24,7 +24,8 @@ from bridge.errors import (
     TransportUnavailable,
 )
 from bridge.protocols import Checkpoint, Sink, Source
-from bridge.routing.runner import PERMANENT_RETRY_MAX, Probe, RouteRunner
+from bridge.routing.retry import Backoff
+from bridge.routing.runner import PERMANENT_RETRY_MAX, RETRY_MAX, Probe, RouteRunner
 from bridge.telemetry.logs import JsonFormatter
 from bridge.telemetry.metrics import Metrics
 from bridge.transports.memory import Broker, MemorySink, Transport
@@ -224,6 +225,31 @@ async def test_failing_destination_keeps_messages_at_source_until_it_recovers(ah
     assert runner.stats.last_error == "TransportUnavailable: db down"
     bodies = [e.body for e in transport.broker.queue(route.to.address)]  # type: ignore[union-attr]
     assert bodies == [f"body-{i}".encode() for i in range(25)]
+
+
+async def test_a_route_waits_at_most_retry_max_between_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """However long its destination stays down, a loop tries again at least every RETRY_MAX
+    seconds (20), so it runs again within that of the destination's return (the network fault
+    suite's target is 30 s). The waits are recorded, not waited."""
+    drawn: list[float] = []
+    draw = Backoff.next_delay
+
+    def recorded(self: Backoff) -> float:
+        drawn.append(draw(self))
+        return 0.0
+
+    monkeypatch.setattr(Backoff, "next_delay", recorded)
+    transport = Transport(broker=Broker())
+    route = make_route()
+    await transport.sink(route.from_.address).send([message(0)])
+    sink = FlakySink(transport.sink(route.to.address), 20, TransportUnavailable("down"))
+    runner = runner_for(route, transport, sink)
+    await run_until(runner, lambda: len(transport.broker.queue(route.to.address)) == 1)
+    assert len(drawn) == 20
+    assert max(drawn) <= RETRY_MAX
+    assert max(drawn) >= RETRY_MAX / 2  # it did grow to the cap: 0.1 s x 2**8 > 20 s
 
 
 class WatchingSink:

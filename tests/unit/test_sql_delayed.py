@@ -232,7 +232,7 @@ def test_install_creates_each_tables_delayed_table_after_it() -> None:
 def test_nginn_delays_are_r_rows_due_by_the_database_clock(kind: str) -> None:
     """nginn.md: a delayed message becomes an `R` row with `retry_time` computed by the
     database clock."""
-    common = {"layout": "nginn", "nginn": {"timezone": "Europe/Warsaw"}}
+    common = {"layout": "nginn", "nginn": {"alias": "db", "timezone": "Europe/Warsaw"}}
     if kind == "postgresql":
         dialect: Any = PostgresDialect(
             "ng", PostgresConnection.model_validate({"type": kind, "dsn": "host=x"} | common)

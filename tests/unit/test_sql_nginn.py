@@ -22,6 +22,7 @@ from bridge.commands import addresses
 from bridge.config.loader import parse_config
 from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
+from bridge.nservicebus.deadletter import error_copy
 from bridge.nservicebus.wireformat import parse_timestamp
 from bridge.transports.sql.config import (
     NGinnOptions,
@@ -42,6 +43,7 @@ from bridge.transports.sql.layouts.nginn_rows import (
     parse_headers,
 )
 from bridge.transports.sql.layouts.nginn_sql import create_sqlserver
+from tests.support.nginn import NGINN_QUERIES
 
 NGINN: dict[str, Any] = {
     "timezone": "Europe/Warsaw",
@@ -95,7 +97,8 @@ GOLDEN = {
     "receive": (
         "DECLARE @endpoint varchar(50) = ?, @n int = ?;\n"
         f"WITH message AS (SELECT TOP(@n) * FROM {T} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
-        "  WHERE subqueue = 'I' AND to_endpoint = @endpoint ORDER BY retry_time, id)\n"
+        "  WHERE subqueue = 'I' AND LOWER(to_endpoint) = LOWER(@endpoint) "
+        "ORDER BY retry_time, id)\n"
         "UPDATE message SET subqueue = 'X', last_processed = getdate()\n"
         "OUTPUT inserted.id, inserted.from_endpoint, inserted.to_endpoint, "
         "inserted.retry_count, inserted.insert_time, inserted.retry_time, "
@@ -131,7 +134,13 @@ GOLDEN = {
     ),
     "depth": (
         "DECLARE @endpoint varchar(50) = ?;\n"
-        f"select count(*) from {T} with(nolock) WHERE subqueue = 'I' AND to_endpoint = @endpoint"
+        f"select count(*) from {T} with(nolock) "
+        "WHERE subqueue = 'I' AND LOWER(to_endpoint) = LOWER(@endpoint)"
+    ),
+    "elsewhere": (
+        "DECLARE @endpoint varchar(50) = ?;\n"
+        f"select count(*) from {T} with(nolock) "
+        "WHERE subqueue = 'I' AND LOWER(to_endpoint) <> LOWER(@endpoint)"
     ),
 }
 
@@ -174,12 +183,46 @@ def test_sqlserver_statements_are_golden(name: str) -> None:
 
 
 def test_the_receive_is_nginns_two_step_receive_for_many_rows() -> None:
-    """SelectAndLockNext1/2 (NamedQueries.sqlserver.json:2, 4): `with (UPDLOCK, READPAST)`,
-    `subqueue='I' order by retry_time`, then `set subqueue='X', last_processed = getdate()`."""
-    receive = GOLDEN["receive"]
-    assert "WITH (UPDLOCK, READPAST, ROWLOCK)" in receive and "TOP(@n)" in receive
-    assert "subqueue = 'I'" in receive and "ORDER BY retry_time" in receive
-    assert "SET subqueue = 'X', last_processed = getdate()" in receive
+    """The layout's receive, parsed, against NGinn's SelectAndLockNext1/2 (NamedQueries.sqlserver
+    .json:2, 4, verbatim in tests.support.nginn), parsed: the same locking hints, the same
+    `subqueue='I'` predicate and `retry_time` order when selecting, the same SET when marking
+    the rows taken; `TOP(@n)` rather than `top 1`, and only the table's own endpoint's rows."""
+    table = "[shop].[dbo].[Orders]"
+    select_one = sqlglot.parse_one(NGINN_QUERIES["SelectAndLockNext1"].format(table), read="tsql")
+    mark_one = sqlglot.parse_one(NGINN_QUERIES["SelectAndLockNext2"].format(table), read="tsql")
+    *_, receive = parse_tsql(layout_of(sqlserver()).nginn_statements("Orders").receive)
+    assert isinstance(receive, exp.Update)
+    (cte,) = receive.args["with_"].expressions
+    select = cte.this
+    assert isinstance(select, exp.Select) and isinstance(select_one, exp.Select)
+
+    def hints(tree: exp.Expression) -> set[str]:
+        return {v.name.upper() for h in tree.find_all(exp.WithTableHint) for v in h.expressions}
+
+    assert hints(select_one) == {"UPDLOCK", "READPAST"} <= hints(select)
+    assert select.args["from_"].this.name == select_one.args["from_"].this.name == "Orders"
+    assert select_one.args["where"].this in list(select.args["where"].this.flatten())
+    assert [o.this for o in select.args["order"].expressions][:1] == [
+        o.this for o in select_one.args["order"].expressions
+    ]
+    assert select_one.args["limit"].expression.this == "1"
+    assert select.args["limit"].expression == exp.Parameter(this=exp.Var(this="n"))
+    assert receive.expressions == mark_one.expressions  # SET subqueue='X', last_processed=...
+    mine = [
+        c
+        for c in select.args["where"].this.flatten()
+        if "to_endpoint" in c.sql("tsql") and "@endpoint" in c.sql("tsql")
+    ]
+    assert len(mine) == 1
+
+
+@pytest.mark.parametrize("name", ["receive", "depth", "oldest", "expired", "elsewhere"])
+def test_sqlserver_compares_endpoints_ignoring_case_whatever_the_collation(name: str) -> None:
+    """NGinn compares endpoints ignoring case (SqlMessageTransport2.cs:1127, IsLocalEndpoint);
+    a case-sensitive collation on `to_endpoint` must not strand `sql://DB/Orders` rows."""
+    statement = getattr(layout_of(sqlserver()).nginn_statements("Orders"), name)
+    assert "LOWER(to_endpoint)" in statement and "LOWER(@endpoint)" in statement
+    assert "to_endpoint =" not in statement and "to_endpoint <>" not in statement
 
 
 def parse_tsql(statement: str) -> list[Any]:
@@ -189,7 +232,8 @@ def parse_tsql(statement: str) -> list[Any]:
 
 
 @pytest.mark.parametrize(
-    "name", ["receive", "send", "fail", "depth", "oldest", "expired", "mover", "cleanup"]
+    "name",
+    ["receive", "send", "fail", "depth", "oldest", "expired", "elsewhere", "mover", "cleanup"],
 )
 def test_sqlserver_statements_parse_as_tsql_on_the_queue_table(name: str) -> None:
     statement = getattr(layout_of(sqlserver()).nginn_statements("Orders"), name)
@@ -221,7 +265,17 @@ def test_postgresql_and_sqlite_statements_parse_in_their_own_sql(make: Any) -> N
     dialect = make()
     read = {"postgresql": "postgres", "sqlite": "sqlite"}[dialect.kind]
     statements = layout_of(dialect).nginn_statements("Orders")
-    for name in ("receive", "send", "fail", "depth", "oldest", "expired", "mover", "cleanup"):
+    for name in (
+        "receive",
+        "send",
+        "fail",
+        "depth",
+        "oldest",
+        "expired",
+        "elsewhere",
+        "mover",
+        "cleanup",
+    ):
         text = getattr(statements, name).replace("%s", "?")
         (tree,) = sqlglot.parse(text, read=read, error_level=sqlglot.ErrorLevel.RAISE)
         assert tree is not None and not isinstance(tree, exp.Command), name
@@ -312,11 +366,44 @@ def test_a_row_nginn_takes_as_its_own() -> None:
     }
 
 
-def test_the_body_keeps_its_own_type_and_an_empty_object_gets_one() -> None:
-    assert outgoing(SENT, b'{"$type": "X.Y, X", "a": 1}').msg_text == '{"$type": "X.Y, X", "a": 1}'
-    assert (
-        outgoing(SENT, b" {}").msg_text == ' {"$type":"Sales.Messages.OrderPlaced, Sales.Messages"}'
+def test_the_body_gets_the_mapped_type_first_and_keeps_its_own_where_none_is_mapped() -> None:
+    # NGinn's serializer leaves MetadataPropertyHandling at Json.NET's default
+    # (Impl/JsonMessageSerializer.cs:48-67), which reads `$type` only as the first property.
+    mapped = '{"$type":"Sales.Messages.OrderPlaced, Sales.Messages"'
+    assert outgoing(SENT, b" {}").msg_text == " " + mapped + "}"
+    # NServiceBus's own assembly-qualified $type, which NGinn's process cannot load, is replaced
+    nservicebus = b'{"$type":"Sales.OrderPlaced, Sales, Version=1.0.0.0","OrderId": 7.10}'
+    assert outgoing(SENT, nservicebus).msg_text == mapped + ',"OrderId":7.10}'
+    unmapped = [("NServiceBus.EnclosedMessageTypes", "X.Y, X")]
+    assert outgoing(unmapped, b'{"$type": "X.Y, X", "a": 1}').msg_text == (
+        '{"$type": "X.Y, X", "a": 1}'
     )
+    # not first: moved first, the other members (nested `$type` too) as they were written
+    late = b'{"a": [1, {"$type": "In, X"}], "$type": "X.Y, X" , "b" : "\\u00e9"}'
+    assert outgoing(unmapped, late).msg_text == (
+        '{"$type":"X.Y, X","a":[1, {"$type": "In, X"}],"b":"\\u00e9"}'
+    )
+    first = next(iter(json.loads(outgoing(SENT, late).msg_text).items()))
+    assert first == ("$type", "Sales.Messages.OrderPlaced, Sales.Messages")
+
+
+def test_the_left_out_count_is_right_when_every_header_is_left_out() -> None:
+    headers = [
+        ("NServiceBus.EnclosedMessageTypes", "Sales.OrderPlaced, Sales, Version=1.0.0.0"),
+        ("X", "a=b"),
+        ("Y", "c|d"),
+    ]
+    assert parse_headers(outgoing(headers).headers) == [(LEFT_OUT, "3")]
+
+
+def test_a_body_with_a_byte_order_mark_is_written_without_it() -> None:
+    # NServiceBus.Newtonsoft.Json writes through `new StreamWriter(stream, Encoding.UTF8)`, which
+    # starts with a byte order mark (Particular/NServiceBus.Newtonsoft.Json@0328c7b,
+    # src/NServiceBus.Newtonsoft.Json/JsonMessageSerializer.cs:47); NGinn's msg_text is text.
+    row = outgoing(SENT, b'\xef\xbb\xbf{"OrderId": 7}')
+    assert row.msg_text == '{"$type":"Sales.Messages.OrderPlaced, Sales.Messages","OrderId": 7}'
+    copy = [("NServiceBus.FailedQ", "Orders"), ("NServiceBus.ExceptionInfo.Message", "x")]
+    assert outgoing(copy, b"\xef\xbb\xbfnot json").msg_text == "not json"
 
 
 @pytest.mark.parametrize(
@@ -346,8 +433,11 @@ def test_an_error_queue_copy_is_written_as_it_is_with_its_exception_in_error_inf
         ],
         b"not json",
     )
-    assert row.msg_text == "not json" and row.error_info == "headers cannot be read"
+    assert row.msg_text == "not json" and row.error_info == (
+        'headers cannot be read\n\nNGinn.HeadersLeftOut: {"NServiceBus.Bridge.RawHeaders": "a=b=c"}'
+    )
     assert "_NG-TTL" not in row.headers
+    assert dict(parse_headers(row.headers))[LEFT_OUT] == "1"
 
 
 def test_the_time_to_live_is_local_time_in_the_configured_zone() -> None:
@@ -424,6 +514,29 @@ def test_a_row_nginn_could_not_read_is_poison(headers: str | bytes, body: str) -
     poison = mapping().incoming(nginn_row(headers=headers, body=body), 0.0, "Orders")
     assert isinstance(poison, PoisonMessage)
     assert poison.native_id == "42" and "NGinn row 42 cannot be read" in poison.reason
+    assert poison.raw_headers == headers
+
+
+def test_a_row_nginn_could_not_read_keeps_its_identity_from_its_columns() -> None:
+    poison = mapping().incoming(nginn_row(headers="a=b=c"), 0.0, "Orders")
+    assert isinstance(poison, PoisonMessage)
+    assert dict(poison.headers) == {
+        "NServiceBus.MessageId": "u-1",
+        "NServiceBus.CorrelationId": "corr",
+        "NServiceBus.ReplyToAddress": "sql://db/Shipping",
+        "NServiceBus.OriginatingEndpoint": "sql://db/Shipping",
+        "NServiceBus.TimeSent": "2026-07-01 12:00:00:123000 Z",
+        "NGinn.Id": "42",
+        "NGinn.To": "sql://db/Orders",
+        "NGinn.RetryCount": "2",
+        "NGinn.Label": "Sales.Messages.OrderPlaced",
+    }
+    # its copy into an NGinn error table: the same row identity, the raw headers in error_info
+    copy = mapping().outgoing(error_copy(poison, poison.reason, "Orders"), 0.0, "errors")
+    assert (copy.unique_id, copy.correlation_id) == ("u-1", "corr")
+    assert copy.from_endpoint == "sql://db/Shipping"
+    assert dict(parse_headers(copy.headers))["NGinn.Id"] == "42"
+    assert '"NServiceBus.Bridge.RawHeaders": "a=b=c"' in (copy.error_info or "")
 
 
 # -- settings ------------------------------------------------------------------------------------
@@ -447,7 +560,7 @@ def check(nginn_yaml: str, layout: str = "nginn") -> None:
 def test_good_settings_pass() -> None:
     check("nginn: {timezone: Europe/Warsaw, alias: db, types: {A.B: 'A.B, A'}, retries: true}")
     assert (
-        NGinnOptions.model_validate({"timezone": "UTC"}).subscriptions
+        NGinnOptions.model_validate({"timezone": "UTC", "alias": "db"}).subscriptions
         == "NGinnMessageBus_Subscriptions"
     )
 
@@ -455,11 +568,19 @@ def test_good_settings_pass() -> None:
 @pytest.mark.parametrize(
     ("nginn_yaml", "layout", "where", "message"),
     [
-        ("nginn: {timezone: Mars/Olympus}", "nginn", "6:23", "is not an IANA time zone"),
+        ("nginn: {timezone: Mars/Olympus, alias: db}", "nginn", "6:23", "is not an IANA time zone"),
         ("nginn: {timezone: UTC, alias: " + "a" * 45 + "}", "nginn", "6:35", "at most 50"),
-        ("nginn: {timezone: UTC, types: {A.B: NoAssembly}}", "nginn", "6:35", "not an NGinn"),
-        ("nginn: {timezone: UTC}", "nservicebus", "6:12", "need `layout: nginn`"),
-        ("", "nginn", "5:13", "needs `nginn: {timezone"),
+        (
+            "nginn: {timezone: UTC, types: {A.B: NoAssembly}, alias: db}",
+            "nginn",
+            "6:35",
+            "not an NGinn",
+        ),
+        ("nginn: {timezone: UTC, alias: db}", "nservicebus", "6:12", "need `layout: nginn`"),
+        # NGinn throws "Unknown connection string alias" for rows from an alias it does not know
+        # (Impl/SqlMessageTransport2.cs:979): no default that may be wrong
+        ("nginn: {timezone: UTC}", "nginn", "6:12", "nginn: missing required key 'alias'"),
+        ("", "nginn", "5:13", "needs `nginn: {alias: <NGinn's connection alias>, timezone"),
         ("nginn: {alias: db}", "nginn", "6:12", "missing required key 'timezone'"),
     ],
 )
@@ -476,7 +597,7 @@ def test_an_nginn_source_keeps_failures_in_f_unless_its_route_names_an_error_que
     text = textwrap.dedent(
         """\
         connections:
-          legacy: {type: sqlite, path: ./a.db, layout: nginn, nginn: {timezone: UTC}}
+          legacy: {type: sqlite, path: ./a.db, layout: nginn, nginn: {timezone: UTC, alias: db}}
           shop: {type: sqlite, path: ./b.db}
         routes:
           - {name: a, from: {connection: legacy, queue: Orders}, to: {connection: shop, queue: O}}
@@ -532,3 +653,20 @@ def test_parameters_bind_in_the_order_the_statements_declare_them() -> None:
     portable = layout_of(sqlite()).nginn_statements("Orders")
     assert portable.send.count("?") == len(fields) and portable.receive.count("?") == 2
     assert portable.fail.index("error_info = ?") < portable.fail.index("id = ?")
+
+
+def test_nginn_endpoints_are_the_addresses_of_an_nginn_connections_tables() -> None:
+    from bridge.transports.sql.addresses import address_key, canonical_address
+
+    legacy = PostgresConnection.model_validate(
+        {"type": "postgresql", "dsn": "x", "layout": "nginn", "nginn": {**NGINN, "alias": "DB"}}
+    )
+    assert canonical_address(legacy, "Sales") == "sql://DB/Sales"
+    key = address_key(legacy, '"public"."Sales"')
+    # the alias compares without case, as NGinn compares endpoints (SqlMessageTransport2.cs:1127)
+    assert address_key(legacy, "sql://db/Sales") == key == address_key(legacy, "sql://DB/Sales")
+    assert address_key(legacy, "sql://other/Sales") != key
+    assert address_key(legacy, "sql://db/sales") != key  # tables compare exactly
+    nservicebus = PostgresConnection.model_validate({"type": "postgresql", "dsn": "x"})
+    assert canonical_address(nservicebus, "Sales") == '"public"."Sales"'
+    assert address_key(nservicebus, "sql://db/Sales") != address_key(nservicebus, "Sales")

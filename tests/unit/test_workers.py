@@ -45,6 +45,7 @@ def route(
     idle_seconds: float = 0.0,
     last_error: str | None = None,
     last_error_at: float | None = None,
+    published: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One route of a worker's /routes, as `bridge.service.api.route_report` writes it."""
     return {
@@ -61,6 +62,8 @@ def route(
         "retried": retried,
         "retried_messages": retried_messages,
         "batches": batches,
+        "control_dropped": batches // 2,
+        "published": published or {},
         "state": state,
         "last_error": last_error,
         "last_error_at": last_error_at,
@@ -78,6 +81,7 @@ def test_two_workers_reports_are_one_route_with_summed_counters() -> None:
         idle_seconds=4.5,
         last_error="TransportUnavailable: b went away",
         last_error_at=1000.0,
+        published={"Sales.OrderPlaced": 5},
     )
     one = route(
         "backoff",
@@ -90,6 +94,7 @@ def test_two_workers_reports_are_one_route_with_summed_counters() -> None:
         idle_seconds=0.25,
         last_error="TransportUnavailable: b is still away",
         last_error_at=1010.0,
+        published={"Sales.OrderPlaced": 2, "Sales.OrderShipped": 1},
     )
     reports: list[tuple[int, list[dict[str, Any]] | None]] = [(0, [zero]), (1, [one])]
     before = copy.deepcopy(reports)
@@ -103,6 +108,8 @@ def test_two_workers_reports_are_one_route_with_summed_counters() -> None:
         "retried": 7,
         "retried_messages": 150,
         "batches": 20,
+        "control_dropped": 10,
+        "published": {"Sales.OrderPlaced": 7, "Sales.OrderShipped": 1},  # summed by event
         "state": "backoff",  # the worse of running and backoff
         "last_error": "TransportUnavailable: b is still away",  # the more recent
         "last_error_at": 1010.0,

@@ -4,7 +4,9 @@ Driver-free: `bridge check` and the config loader import it without aiokafka. Th
 `bootstrap_servers` (`servers_problems`) and the security settings are checked here, with one
 message per mistake, before anything connects: SASL needs a mechanism, a user name and a
 password; credentials or certificate files given for a protocol that would not use them are
-errors rather than silently ignored; a certificate goes with its key. Topic names follow
+errors rather than silently ignored; a certificate goes with its key; a request may wait longer
+than a join of the group can be held at the broker (`request_timeout_ms` above
+`session_timeout_ms`, aiokafka's rebalance timeout). Topic names follow
 Kafka's own rule.
 """
 
@@ -60,6 +62,13 @@ class KafkaConnection(Strict):
         ge=1_000,
         description="Consumer group session timeout: how soon a dead bridge's partitions move.",
     )
+    request_timeout_ms: int = Field(
+        40_000,
+        ge=1_000,
+        description="How long any request to a broker (produce, fetch, offsets, commit, "
+        "metadata, joining the group) waits for its answer before the connection is dropped and "
+        "the call fails: what bounds a silent network (aiokafka's default, 40 s).",
+    )
     partitions: int = Field(
         6,
         gt=0,
@@ -98,6 +107,15 @@ def lint(config: KafkaConnection) -> Iterator[Problem]:
         for key in _SSL_FILES:
             if getattr(config, key) is not None:
                 yield key, f"kafka: {key} is set but security_protocol {protocol} does not use SSL"
+    if config.request_timeout_ms <= config.session_timeout_ms:
+        yield (
+            "request_timeout_ms",
+            (
+                f"kafka: request_timeout_ms ({config.request_timeout_ms}) must be more than "
+                f"session_timeout_ms ({config.session_timeout_ms}): the broker may hold a "
+                "consumer's request to join its group that long"
+            ),
+        )
     if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
         key = "ssl_certfile" if config.ssl_certfile is not None else "ssl_keyfile"
         yield key, "kafka: ssl_certfile and ssl_keyfile go together"

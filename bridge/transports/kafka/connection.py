@@ -7,6 +7,13 @@ auto-commit (a source commits only what its sink made durable), start from the e
 when their group has no committed offset, fetch records up to `max_request_size`, and wait at
 most `FETCH_MAX_WAIT_MS` at the broker for records to arrive.
 
+Silent networks: every request of every client waits at most `request_timeout_ms` for its
+answer, then aiokafka drops the connection and the call fails (`KafkaTimeoutError`,
+`RequestTimedOutError`: retriable). A send waits for its produce request; an idle source asks
+for the topic's end offsets every second (`source.py`, for readiness), so it notices too. TCP
+keepalives cannot help (a stalled peer's kernel may still acknowledge), nor do
+`connections_max_idle_ms` or `metadata_max_age_ms`, which act on idle connections.
+
 Every client is built through `client_kwargs`, which raises `ConfigError` for the rules of
 `config.py` and for certificate files that cannot be loaded. With `security_protocol` SSL or
 SASL_SSL the context is aiokafka's `create_ssl_context`: it verifies every broker's certificate
@@ -42,6 +49,7 @@ def client_kwargs(config: KafkaConnection) -> dict[str, Any]:
         "bootstrap_servers": config.bootstrap_servers,
         "client_id": config.client_id,
         "security_protocol": config.security_protocol,
+        "request_timeout_ms": config.request_timeout_ms,
     }
     if config.sasl_mechanism is not None:
         kwargs["sasl_mechanism"] = config.sasl_mechanism

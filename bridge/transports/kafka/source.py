@@ -13,8 +13,10 @@ Guarantees
     partition's batch started from (the stored one this consumer read or wrote last, None when
     there was none), and the destination stores a position only over that one. With a store the
     group's offsets only report progress (lag, tools), so `commit()` hands them to a commit that
-    runs behind the next batch (one at a time, in order; `close()` waits for the last) instead of
-    waiting a broker round trip; without one, `commit()` returns once the group committed.
+    runs behind the next batches (one at a time, in order, each with every partition's latest
+    position; `close()` waits for the last) instead of waiting a broker round trip, so a broker
+    that does not answer holds no batch up; without one, `commit()` returns once the group
+    committed.
 
 Rebalancing
     A revocation waits (`revoke_grace`) for the batch in hand to settle; newly assigned
@@ -99,6 +101,7 @@ class KafkaSource:
         )
         self._in_hand: asyncio.Event | None = None  # set once the batch in hand is settled
         self._behind: asyncio.Task[None] | None = None  # the commit behind the batches, if any
+        self._unsent: dict[TopicPartition, int] = {}  # positions for the commit behind to send
         self._errors = ErrorQueue(producer, error_queue, topic, max_request_size)
         self._joined = False  # the group gave this consumer its (possibly empty) assignment
         self._drained = False
@@ -259,18 +262,25 @@ class KafkaSource:
             return
         # The destination stored these positions with the rows, and a partition resumes from
         # there: the group's offsets only say how far it got (lag, tools). So the commit runs
-        # behind the next batch instead of costing each batch a broker round trip; at most one
-        # is in flight, in order.
-        behind = self._behind
-        if behind is not None and not behind.done():
-            await behind
-        self._behind = asyncio.create_task(self._commit_behind(owned))
+        # behind the next batches instead of costing each batch a broker round trip: at most
+        # one is in flight, and what batches settle meanwhile waits for it, only each
+        # partition's latest position, never the batch itself (a broker that does not answer
+        # would hold every batch up to `request_timeout_ms`).
+        self._unsent.update(owned)
+        if self._behind is None or self._behind.done():
+            self._behind = asyncio.create_task(self._commit_behind())
 
-    async def _commit_behind(self, owned: dict[TopicPartition, int]) -> None:
-        try:
-            await self._commit_offsets(owned)
-        except Exception as exc:  # the next commit carries later positions
-            log.info("group %s: offsets not committed: %s", self.group, exc)
+    async def _commit_behind(self) -> None:
+        while self._unsent and self._consumer is not None:
+            assigned = self._consumer.assignment()
+            owned = {tp: n for tp, n in self._unsent.items() if tp in assigned}
+            self._unsent = {}
+            if not owned:
+                continue
+            try:
+                await self._commit_offsets(owned)
+            except Exception as exc:  # the next commit carries later positions
+                log.info("group %s: offsets not committed: %s", self.group, exc)
 
     async def _commit_offsets(self, owned: dict[TopicPartition, int]) -> None:
         consumer = self._consumer

@@ -16,7 +16,9 @@ Options
     `idempotence` (on unless the broker cannot), `compression_type`, `max_batch_size` (a send
     is split into record batches of at most this), `max_request_size` (the largest record a
     sink writes and a consumer fetches), `session_timeout_ms` (how soon a dead bridge's
-    partitions move), and the `partitions` and `replication_factor` of topics `install` creates.
+    partitions move), `request_timeout_ms` (how long any request waits for the broker's answer:
+    what bounds a silent network), and the `partitions` and `replication_factor` of topics
+    `install` creates.
 
 Addresses
     An address is a topic name, also in NServiceBus headers (`canonical_address` is the

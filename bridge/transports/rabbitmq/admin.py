@@ -96,14 +96,17 @@ def bind(queue: str, exchange: str) -> Op:
 
 
 def run_declaration(declaration: Declaration) -> Op:
-    """One declaration of the delay infrastructure (`delays.py`) as an `Op`."""
+    """One declaration (`delays.py`: the delay infrastructure, `events.py`: events'
+    exchanges and bindings) as an `Op`."""
     d = declaration
 
     def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
         if d.kind == "exchange":
             channel.exchange_declare(
-                d.name, exchange_type="topic", durable=True, callback=lambda _: done.ok()
+                d.name, exchange_type=d.exchange_type, durable=True, callback=lambda _: done.ok()
             )
+        elif d.kind == "exchange_unbind":
+            channel.exchange_unbind(d.name, d.source, d.routing_key, callback=lambda _: done.ok())
         elif d.kind == "queue":
             channel.queue_declare(
                 d.name, durable=True, arguments=d.arguments, callback=lambda _: done.ok()

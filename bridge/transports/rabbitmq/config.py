@@ -4,10 +4,21 @@ Driver-free: `bridge check` and the config loader import it without pika.
 Connection (`connection.py`): the URL is parsed by pika (`amqp://` or `amqps://`, its query
 options such as `heartbeat` or `ssl_options` included); `url.py` holds pika's rules, so `bridge
 check` refuses what pika would. Where the URL does not say otherwise the
-bridge asks for one connection attempt per call (the runner's backoff does the retrying), closes
-a connection the broker has blocked (memory or disk alarm) for `BLOCKED_TIMEOUT` seconds instead
-of waiting forever, and names the connection `bridge <connection> <role>` in the management UI.
-The password only ever goes to pika; messages and logs name the connection, never the URL.
+bridge asks for one connection attempt per call (the runner's backoff does the retrying), asks
+for an AMQP heartbeat of `heartbeat` seconds (rather than whatever the broker proposes, which
+may be none), closes a connection the broker has blocked (memory or disk alarm) for
+`blocked_timeout` seconds instead of waiting forever, and names the connection `bridge
+<connection> <role>` in the management UI. The URL's `heartbeat` and
+`blocked_connection_timeout` options are the same two settings: giving one both ways is an
+error. The password only ever goes to pika; messages and logs name the connection, never the URL.
+
+Timeouts (`Link` in `connection.py`): opening a connection and its channel waits at most
+`connect_timeout`, a declare, qos, consume or ack round trip `operation_timeout`, the confirms
+of one send `confirm_timeout`; a call past its deadline closes the connection (its state is
+then unknown) and fails retriable. A silent network is noticed by the heartbeat: pika closes a
+connection that received nothing for a whole check interval of `heartbeat` + 5 seconds
+(`pika/heartbeat.py`), i.e. `heartbeat` + 5 to 2 x (`heartbeat` + 5) seconds after it fell
+silent, whatever the call in progress.
 
 TLS: `amqps://` verifies the broker's certificate chain and the URL's host name, against the
 system's CAs or, for a private CA, the PEM file named by the URL's `ssl_options`:
@@ -30,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field
 
@@ -45,10 +56,12 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "DELIVERY_PAUSE",
     "GATHER_LIMIT",
+    "HEARTBEAT",
     "KINDS",
     "MAX_DELAY_SECONDS",
     "OPERATION_TIMEOUT",
     "SOURCE_GROUP",
+    "URL_SETTINGS",
     "RabbitMQConnection",
     "address_key",
     "address_problem",
@@ -64,6 +77,16 @@ KINDS = ("rabbitmq",)
 ADDRESS_KEY = "queue"
 SOURCE_GROUP = False
 RABBITMQ_MAX_NAME_BYTES = 255  # AMQP shortstr
+
+
+#: The defaults of the connection's timeouts (seconds; see the module docstring).
+HEARTBEAT = 60  # NServiceBus RabbitMQ's HeartbeatInterval (RabbitMQTransport.cs)
+CONNECT_TIMEOUT = 15.0
+OPERATION_TIMEOUT = 30.0
+CONFIRM_TIMEOUT = 120.0
+BLOCKED_TIMEOUT = 60.0
+#: The url options that are also connection settings: giving both is an error.
+URL_SETTINGS = {"heartbeat": "heartbeat", "blocked_connection_timeout": "blocked_timeout"}
 
 
 class RabbitMQConnection(Strict):
@@ -88,13 +111,48 @@ class RabbitMQConnection(Strict):
         description="Refuse quorum source queues whose delivery limit could drop messages, "
         "and lift RabbitMQ 4's default limit with a policy, as NServiceBus does.",
     )
+    heartbeat: int = Field(
+        HEARTBEAT,
+        ge=0,
+        description="AMQP heartbeat timeout in seconds asked of the broker (0: off): a silent "
+        "connection is closed heartbeat + 5 to 2 x (heartbeat + 5) s after it fell silent. "
+        "Default 60, NServiceBus RabbitMQ's HeartbeatInterval. The url's heartbeat option is "
+        "the same setting.",
+    )
+    connect_timeout: float = Field(
+        CONNECT_TIMEOUT, gt=0, description="Seconds to open a connection and its channel."
+    )
+    operation_timeout: float = Field(
+        OPERATION_TIMEOUT,
+        gt=0,
+        description="Seconds for one declare, qos, consume or ack round trip.",
+    )
+    confirm_timeout: float = Field(
+        CONFIRM_TIMEOUT,
+        gt=0,
+        description="Seconds for the broker to confirm every message of one send.",
+    )
+    blocked_timeout: float = Field(
+        BLOCKED_TIMEOUT,
+        gt=0,
+        description="Seconds a connection may stay blocked by a broker alarm (memory, disk) "
+        "before it is closed and retried. The url's blocked_connection_timeout option is the "
+        "same setting.",
+    )
 
 
 def lint(config: RabbitMQConnection) -> Iterator[Problem]:
-    """The URL as pika reads it (`url.py`) and the management URL, found before anything
-    connects."""
+    """The URL as pika reads it (`url.py`), a setting given both in it and as a key, and the
+    management URL, found before anything connects."""
     for problem in url_problems(config.url):
         yield "url", problem
+    try:
+        given = parse_qs(urlsplit(config.url).query)
+    except ValueError:  # url_problems said so
+        given = {}
+    for option, setting in URL_SETTINGS.items():
+        if option in given and setting in config.model_fields_set:
+            yield setting, f"{setting} is also given in the url ({option}); give it once"
     if config.management_url is not None:
         yield from _lint_management_url(config.management_url)
 
@@ -124,14 +182,6 @@ def address_problem(kind: str, name: str) -> str | None:
     return None
 
 
-#: Seconds to open a connection and its channel.
-CONNECT_TIMEOUT = 15.0
-#: Seconds for one declare, qos or consume round trip.
-OPERATION_TIMEOUT = 30.0
-#: Seconds for the broker to confirm every message of one `send`.
-CONFIRM_TIMEOUT = 120.0
-#: Seconds a connection may stay blocked by a broker alarm before it is closed and retried.
-BLOCKED_TIMEOUT = 60.0
 #: A receive stops gathering once no delivery has arrived for this many seconds.
 DELIVERY_PAUSE = 0.025
 #: A receive hands over what it has at most this many seconds after its first delivery arrived

@@ -23,7 +23,8 @@ reporting which came back unroutable (`basic.return`, matched to their index by 
 in publish order) and how many were nacked (`confirms.py`). The frames of one `publish` are
 joined into writes of up to 128 KiB (`coalesce_writes.py`) rather than one send() per frame.
 
-Parameters: `parameters` makes pika's from the connection's URL (see `config.py`).
+Parameters: `parameters` makes pika's from the connection's URL and settings (see `config.py`);
+`link` makes a Link with the connection's timeouts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import pika
 
 from bridge.errors import BridgeError, ConfigError, TransportError, TransportUnavailable
 from bridge.transports.rabbitmq.config import (
-    BLOCKED_TIMEOUT,
+    CONFIRM_TIMEOUT,
     CONNECT_TIMEOUT,
     OPERATION_TIMEOUT,
     RabbitMQConnection,
@@ -49,7 +50,7 @@ from bridge.transports.rabbitmq.confirms import Message, PublishOutcome, Routes
 from bridge.transports.rabbitmq.handoff import Done, Op
 from bridge.transports.rabbitmq.session import Session
 
-__all__ = ["Link", "parameters"]
+__all__ = ["Link", "link", "parameters"]
 
 
 def parameters(config: RabbitMQConnection, name: str, role: str) -> pika.URLParameters:
@@ -66,20 +67,48 @@ def parameters(config: RabbitMQConnection, name: str, role: str) -> pika.URLPara
     given = parse_qs(split.query)
     if "connection_attempts" not in given:
         params.connection_attempts = 1
+    if "heartbeat" not in given:
+        params.heartbeat = config.heartbeat
     if "blocked_connection_timeout" not in given:
-        params.blocked_connection_timeout = BLOCKED_TIMEOUT
+        params.blocked_connection_timeout = config.blocked_timeout
     if "client_properties" not in given:
         params.client_properties = {"connection_name": f"bridge {name} {role}"}
     return params
 
 
+def link(
+    config: RabbitMQConnection, name: str, role: str, where: str, *, confirm: bool = False
+) -> Link:
+    """A `Link` of connection `name` used as `role`, with the connection's timeouts."""
+    return Link(
+        parameters(config, name, role),
+        where,
+        confirm=confirm,
+        connect_timeout=config.connect_timeout,
+        operation_timeout=config.operation_timeout,
+        confirm_timeout=config.confirm_timeout,
+    )
+
+
 class Link:
     """A connection used by one source, sink or transport; reconnects on the next call."""
 
-    def __init__(self, params: pika.URLParameters, where: str, *, confirm: bool = False) -> None:
+    def __init__(
+        self,
+        params: pika.URLParameters,
+        where: str,
+        *,
+        confirm: bool = False,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        operation_timeout: float = OPERATION_TIMEOUT,
+        confirm_timeout: float = CONFIRM_TIMEOUT,
+    ) -> None:
         self._params = params
         self.where = where
         self._confirm = confirm
+        self.connect_timeout = connect_timeout
+        self.operation_timeout = operation_timeout
+        self.confirm_timeout = confirm_timeout
         self._session: Session | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -112,7 +141,10 @@ class Link:
                 self._finalizer = weakref.finalize(self, session.shutdown)
             try:
                 await self._wait(
-                    session, asyncio.shield(session.ready.future), CONNECT_TIMEOUT, "connect"
+                    session,
+                    asyncio.shield(session.ready.future),
+                    self.connect_timeout,
+                    "connect",
                 )
             except BridgeError:
                 if self._session is session:
@@ -133,10 +165,12 @@ class Link:
                 f"{self.where}: no answer to {what} within {timeout:.0f}s; reconnecting"
             ) from None
 
-    async def run(self, op: Op, *, what: str, timeout: float = OPERATION_TIMEOUT) -> Any:
-        """Run `op(channel, epoch, done)` on the ioloop thread; it settles `done` when finished."""
+    async def run(self, op: Op, *, what: str, timeout: float | None = None) -> Any:
+        """Run `op(channel, epoch, done)` on the ioloop thread; it settles `done` when finished,
+        within `timeout` (default `operation_timeout`)."""
         session = await self._open()
-        return await self._wait(session, session.submit(op), timeout, what)
+        deadline = self.operation_timeout if timeout is None else timeout
+        return await self._wait(session, session.submit(op), deadline, what)
 
     async def publish(
         self,
@@ -144,9 +178,10 @@ class Link:
         routing_key: str,
         messages: Sequence[Message],
         *,
-        timeout: float,
+        timeout: float | None = None,
         routes: Routes = None,
     ) -> PublishOutcome:
+        """Publish `messages`; their confirms within `timeout` (default `confirm_timeout`)."""
         if not self._confirm:
             raise TypeError("publish needs a link opened with confirm=True")
         session = await self._open()
@@ -154,8 +189,9 @@ class Link:
         def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
             session.publish(channel, done, exchange, routing_key, messages, routes)
 
+        deadline = self.confirm_timeout if timeout is None else timeout
         outcome: PublishOutcome = await self._wait(
-            session, session.submit(op), timeout, f"publish of {len(messages)} messages"
+            session, session.submit(op), deadline, f"publish of {len(messages)} messages"
         )
         return outcome
 
@@ -165,4 +201,4 @@ class Link:
         session, self._session = self._session, None
         if session is not None:
             session.shutdown()
-            await session.stopped(CONNECT_TIMEOUT)
+            await session.stopped(self.connect_timeout)

@@ -22,13 +22,12 @@ from bridge.envelope import MESSAGE_ID, PoisonMessage
 from bridge.errors import MessageRejected, TransportError, TransportUnavailable
 from bridge.nservicebus.deadletter import error_copy, failure_headers
 from bridge.transports.rabbitmq.config import (
-    CONFIRM_TIMEOUT,
     RabbitMQConnection,
     describe,
     publish_route,
 )
 from bridge.transports.rabbitmq.confirms import Message
-from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.connection import Link, link
 from bridge.transports.rabbitmq.headers import outgoing, readable_text
 
 __all__ = ["POISON_ID_NAMESPACE", "ErrorQueue", "error_properties"]
@@ -118,11 +117,10 @@ class ErrorQueue:
         if not copies:
             return
         if self._link is None:
-            params = parameters(self._config, self._name, "errors")
             where = f"{describe(self._name)}, error queue {self._queue!r}"
-            self._link = Link(params, where, confirm=True)
+            self._link = link(self._config, self._name, "errors", where, confirm=True)
         exchange, routing_key = publish_route(self._config, self._queue)
-        outcome = await self._link.publish(exchange, routing_key, copies, timeout=CONFIRM_TIMEOUT)
+        outcome = await self._link.publish(exchange, routing_key, copies)
         if outcome.returned:
             raise TransportError(
                 f"{self._link.where}: no queue takes its messages {outcome.return_text}; "

@@ -79,20 +79,22 @@ def routing_key(delay: int, address: str) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class Declaration:
-    """One AMQP method of the infrastructure: declare a topic exchange, declare a queue with
-    `arguments`, bind a queue to an exchange, or bind an exchange (`destination`) to another
-    (`source`), with `routing_key`."""
+    """One AMQP method of the infrastructure: declare an exchange of `exchange_type`, declare
+    a queue with `arguments`, bind a queue to an exchange, or bind (or unbind) an exchange
+    (`destination`) to another (`source`), with `routing_key`."""
 
-    kind: Literal["exchange", "queue", "queue_bind", "exchange_bind"]
+    kind: Literal["exchange", "queue", "queue_bind", "exchange_bind", "exchange_unbind"]
     name: str
     source: str = ""
     routing_key: str = ""
     arguments: dict[str, object] = field(default_factory=dict)
+    exchange_type: Literal["topic", "fanout"] = "topic"
 
     @property
     def text(self) -> str:
         if self.kind == "exchange":
-            return f"exchange.declare exchange={self.name!r} type=topic durable=true"
+            kind = self.exchange_type
+            return f"exchange.declare exchange={self.name!r} type={kind} durable=true"
         if self.kind == "queue":
             return f"queue.declare queue={self.name!r} durable=true arguments={self.arguments}"
         return (

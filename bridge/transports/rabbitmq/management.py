@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bridge.errors import ConfigError
-from bridge.transports.rabbitmq.config import CONNECT_TIMEOUT, RabbitMQConnection
+from bridge.transports.rabbitmq.config import RabbitMQConnection
 from bridge.transports.rabbitmq.url import ca_locations
 
 __all__ = ["HTTPS_PORT", "HTTP_PORT", "ManagementApi", "ManagementError", "curl", "endpoint"]
@@ -106,6 +106,7 @@ class ManagementApi:
 
     def __init__(self, config: RabbitMQConnection) -> None:
         self.endpoint = endpoint(config)
+        self._timeout = config.connect_timeout
         token = f"{self.endpoint.username}:{self.endpoint.password}".encode()
         self._authorization = "Basic " + base64.b64encode(token).decode("ascii")
         self._vhost = quote(self.endpoint.vhost, safe="")
@@ -134,6 +135,12 @@ class ManagementApi:
         and on RabbitMQ 4 `delivery_limit` (the last three once the management database has
         caught up with a new queue)."""
         return await self._object(f"api/queues/{self._vhost}/{quote(name, safe='')}")
+
+    async def bindings_from(self, exchange: str) -> list[Any]:
+        """The bindings whose source is `exchange` (`destination`, `destination_type`,
+        `routing_key`, ...)."""
+        name = quote(exchange, safe="")
+        return await self._list(f"api/exchanges/{self._vhost}/{name}/bindings/source")
 
     async def policies(self) -> list[Any]:
         """The vhost's user policies."""
@@ -170,7 +177,7 @@ class ManagementApi:
         where = f"{method} {self.endpoint.base}{path}"
         try:
             with urllib.request.urlopen(  # noqa: S310 (http or https, as above)
-                request, timeout=CONNECT_TIMEOUT, context=self._context
+                request, timeout=self._timeout, context=self._context
             ) as got:
                 text = got.read()
         except urllib.error.HTTPError as exc:

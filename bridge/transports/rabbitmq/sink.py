@@ -16,7 +16,7 @@ Failures
     for each returned index, and `rest_accepted` when the broker confirmed every other message
     of the call (none was nacked): those are in the queue and must not be sent again. A body
     over the broker's `max_message_size` raises `MessageRejected` with its index. A nack, a lost
-    connection or a confirm that does not come within `CONFIRM_TIMEOUT` raises
+    connection or a confirm that does not come within `confirm_timeout` raises
     `TransportUnavailable`: the messages may or may not be in the queue, so a retry can
     duplicate them (at-least-once). An exchange that does not exist (404) is a `TransportError`.
 
@@ -43,13 +43,12 @@ from bridge.errors import MessageRejected, MessagesRejected, TransportUnavailabl
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.admin import delay_binding, run_declaration
 from bridge.transports.rabbitmq.config import (
-    CONFIRM_TIMEOUT,
     RabbitMQConnection,
     describe,
     publish_route,
 )
 from bridge.transports.rabbitmq.confirms import Message
-from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.connection import link
 from bridge.transports.rabbitmq.delays import (
     MAX_DELAY_SECONDS,
     declarations,
@@ -93,7 +92,7 @@ class RabbitMQSink:
     def __init__(self, config: RabbitMQConnection, name: str, address: str) -> None:
         self.address = address
         self._where = f"{describe(name)}, queue {address!r}"
-        self._link = Link(parameters(config, name, "sink"), self._where, confirm=True)
+        self._link = link(config, name, "sink", self._where, confirm=True)
         self._exchange, self._routing_key = publish_route(config, address)
         self._one_at_a_time = asyncio.Lock()
         self._delay_binding = delay_binding(config, address)
@@ -113,7 +112,6 @@ class RabbitMQSink:
                 self._exchange,
                 self._routing_key,
                 messages,
-                timeout=CONFIRM_TIMEOUT,
                 routes=routes if delayed else None,
             )
         if outcome.returned:

@@ -67,7 +67,7 @@ from bridge.transports.rabbitmq.config import (
     RabbitMQConnection,
     describe,
 )
-from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.connection import link
 from bridge.transports.rabbitmq.deadletter import ErrorQueue
 from bridge.transports.rabbitmq.delivery_limit import DeliveryLimits
 from bridge.transports.rabbitmq.handoff import Done
@@ -111,7 +111,7 @@ class RabbitMQSource:
         self._config = config
         self._name = name
         self._where = f"{describe(name)}, queue {address!r}"
-        self._link = Link(parameters(config, name, "source"), self._where)
+        self._link = link(config, name, "source", self._where)
         self._errors = ErrorQueue(
             config, name, address, self.error_queue, frame_max=self._link.frame_max
         )

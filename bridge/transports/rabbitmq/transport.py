@@ -84,7 +84,7 @@ from bridge.transports.rabbitmq.admin import (
     server_version,
 )
 from bridge.transports.rabbitmq.config import RabbitMQConnection, describe
-from bridge.transports.rabbitmq.connection import Link, parameters
+from bridge.transports.rabbitmq.connection import Link, link, parameters
 from bridge.transports.rabbitmq.delivery_limit import DeliveryLimits, broker_version
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.headers import incoming
@@ -134,7 +134,7 @@ class Transport:
 
     def _link(self) -> Link:
         if self._admin is None:
-            self._admin = Link(parameters(self.config, self.name, "admin"), self._where)
+            self._admin = link(self.config, self.name, "admin", self._where)
         return self._admin
 
     #: `install --print-sql` prints shell commands (`admin.printed`): `#` starts a comment.

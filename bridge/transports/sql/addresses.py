@@ -12,6 +12,10 @@ table in the form of the transport that wrote it:
   the first `.` outside quotes, each part unquoted (PostgreSql/Addressing/QueueAddress.cs:17-42);
   a bare `table` is in the connection's schema.
 - SQLite (this project's): the PostgreSQL form with SQLite's schema, `"main"."table"`.
+- NGinn.MessageBus (`layout: nginn`): `sql://<alias>/<table>`, the form of its `from_endpoint`
+  and `to_endpoint` columns; the alias compares without case (NGinn looks connection aliases
+  up in a case-insensitive dictionary), the table exactly. The canonical form of a table on such
+  a connection is this one; the connection's own NServiceBus form names the same table.
 
 `address_key` reduces an address to what identifies the table, so that the registry can tell
 which endpoint a header names whatever form it was written in. SQL Server's schema and catalog
@@ -85,8 +89,34 @@ def parse_postgresql(address: str) -> tuple[str, str | None]:
     return _unquote(address, '"', '"') or "", None
 
 
+def nginn_table(connection: SqlConnection, address: str) -> str | None:
+    """The table an NGinn address `sql://<alias>/<table>` names on `connection` (a `layout:
+    nginn` connection whose alias it holds, compared without case); else None."""
+    own = nginn_alias(connection)
+    if own is None or not address.startswith("sql://"):
+        return None
+    alias, slash, table = address[len("sql://") :].partition("/")
+    if not slash or not table or "/" in table or alias.casefold() != own.casefold():
+        return None
+    return table
+
+
+def nginn_alias(connection: SqlConnection) -> str | None:
+    """The alias NGinn endpoints use for `connection`'s database; None: not `layout: nginn`."""
+    options = connection.nginn
+    return options.alias if connection.layout == "nginn" and options is not None else None
+
+
 def canonical_address(connection: SqlConnection, table: str) -> str:
-    """The address of `table` on `connection` as NServiceBus writes it in headers."""
+    """The address of `table` on `connection` as the senders there write it in headers:
+    NServiceBus's form, or NGinn's endpoint on a `layout: nginn` connection."""
+    alias = nginn_alias(connection)
+    if alias is not None:
+        return f"sql://{alias}/{table}"
+    return _nservicebus_address(connection, table)
+
+
+def _nservicebus_address(connection: SqlConnection, table: str) -> str:
     if connection.type == "sqlserver":
         address = f"{table}@{bracket(connection.schema_)}"
         return f"{address}@{bracket(connection.catalog)}" if connection.catalog else address
@@ -96,6 +126,9 @@ def canonical_address(connection: SqlConnection, table: str) -> str:
 
 def address_key(connection: SqlConnection, address: str) -> AddressKey:
     """What identifies the table `address` names on `connection`, parts left out filled in."""
+    table_ = nginn_table(connection, address)
+    if table_ is not None:  # NGinn's form names the table its NServiceBus form names
+        address = _nservicebus_address(connection, table_)
     if connection.type == "sqlserver":  # schemas and catalogs compare as SQL Server does
         table, schema, catalog = parse_sqlserver(address)
         schema, catalog = schema or connection.schema_, catalog or connection.catalog

@@ -79,11 +79,11 @@ DEFAULT_RESPONSE_TIMEOUT = 60.0
 class NGinnOptions(Strict):
     """`nginn:` of a connection with `layout: nginn` (README, "NGinn.MessageBus tables")."""
 
-    alias: str | None = Field(
-        None,
+    alias: str = Field(
         min_length=1,
-        description="The connection alias NGinn endpoints use for this database: a table's own "
-        "endpoint is `sql://<alias>/<table>`; the connection's name when omitted.",
+        description="The connection alias NGinn endpoints use for this database (the name of "
+        "its connection string in their configuration): a table's own endpoint is "
+        "`sql://<alias>/<table>`. Required: NGinn refuses rows from an alias it does not know.",
     )
     subscriptions: str = Field(
         DEFAULT_SUBSCRIPTIONS,
@@ -126,6 +126,11 @@ class _Sql(Strict):
             description="NGinn.MessageBus settings; only with `layout: nginn`, which needs them."
         ),
     ] = None
+    subscription_table: str = Field(
+        "SubscriptionRouting",
+        min_length=1,
+        description="The native pub/sub table of the NServiceBus SQL transport, in `schema`.",
+    )
 
     @property
     def keeps_failed(self) -> bool:
@@ -201,7 +206,11 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
             yield "nginn", "`nginn` settings need `layout: nginn`"
         return
     if options is None:
-        yield "layout", "`layout: nginn` needs `nginn: {timezone: <IANA zone>}` at least"
+        yield (
+            "layout",
+            "`layout: nginn` needs `nginn: {alias: <NGinn's connection alias>, "
+            "timezone: <IANA zone>}` at least",
+        )
         return
     zone = options.timezone
     if not _ZONE_NAME.fullmatch(zone) or not _is_zone(zone):
@@ -210,9 +219,7 @@ def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
             f"nginn.timezone: {zone!r} is not an IANA time zone name (e.g. Europe/Warsaw)",
         )
     alias = options.alias
-    if alias is not None and (
-        len(f"sql://{alias}/") >= NGINN_ENDPOINT_CHARS or not alias.strip() or "/" in alias
-    ):
+    if len(f"sql://{alias}/") >= NGINN_ENDPOINT_CHARS or not alias.strip() or "/" in alias:
         yield (
             "nginn.alias",
             (

@@ -24,7 +24,10 @@ Delayed messages
 
 Housekeeping
     A layout's housekeeping statements (NGinn's mover and cleanup with `nginn.retries`) run
-    every `HOUSEKEEPING_EVERY` seconds before a poll, each in a transaction of its own.
+    every `HOUSEKEEPING_EVERY` seconds before a poll, each in a transaction of its own. One
+    that fails (a login without DELETE rights, a lock timeout) is rolled back and logged as a
+    warning, and the source goes on receiving; it is tried again at the next run, as NGinn's
+    own process does.
 
 Polling
     Each poll is a write transaction, so an idle source polls less and less often: the delay
@@ -68,6 +71,7 @@ Connections
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,7 +79,7 @@ from functools import partial
 
 from bridge.batch import Batch, Rejected
 from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import SettleError
+from bridge.errors import SettleError, TransportError
 from bridge.nservicebus.deadletter import returned_poison
 from bridge.transports.sql.chain import CHAIN, Chain, Link, in_new_transaction
 from bridge.transports.sql.connection import Connection
@@ -88,6 +92,8 @@ from bridge.transports.sql.ranges import ranged
 from bridge.transports.sql.sink import SqlSink
 
 __all__ = ["HOUSEKEEPING_EVERY", "MAX_POLL", "MIN_POLL", "SqlSource"]
+
+log = logging.getLogger(__name__)
 
 MIN_POLL = 0.01
 MAX_POLL = 1.0
@@ -211,8 +217,8 @@ class SqlSource:
             if wait > 0:
                 await asyncio.sleep(wait)
             if self._housekeeping and time.monotonic() >= self._next_housekeeping:
-                await connection.run(self._housekeep)
                 self._next_housekeeping = time.monotonic() + HOUSEKEEPING_EVERY
+                await self._housekeep(connection)
             taken, link = await self._take(connection, max_messages)
             if taken is not None:
                 self._poll_delay, self._next_poll = MIN_POLL, 0.0
@@ -223,13 +229,28 @@ class SqlSource:
             self._next_poll = loop.time() + self._poll_delay
             self._poll_delay = min(self._poll_delay * 2, MAX_POLL)
 
-    def _housekeep(self, db: DbConnection) -> None:
+    async def _housekeep(self, connection: Connection) -> None:
         """The layout's housekeeping statements, each in a transaction of its own (no batch
-        of this source is open on this connection: a poll only runs between batches)."""
+        of this source is open on this connection: a poll only runs between batches). A
+        failure is rolled back (`Connection.run`) and logged, not raised: NGinn logs its
+        mover's and cleanup's errors and goes on (SqlMessageTransport2.cs:936-940, 1007-1011),
+        and the rows to receive do not wait for either."""
         for statement in self._housekeeping:
-            self._dialect.begin(db)
-            db.cursor().execute(statement)
-            db.commit()
+            try:
+                await connection.run(partial(self._housekeep_one, statement))
+            except TransportError as exc:
+                log.warning(
+                    "%s: housekeeping of %r failed, tried again in %g s: %s",
+                    self._dialect.describe(),
+                    self._address,
+                    HOUSEKEEPING_EVERY,
+                    exc,
+                )
+
+    def _housekeep_one(self, statement: str, db: DbConnection) -> None:
+        self._dialect.begin(db)
+        db.cursor().execute(statement)
+        db.commit()
 
     async def close(self) -> None:
         await self._connection.close()

@@ -254,6 +254,7 @@ class Transport(RangeReads):
             depth = int(scalar(db, statements.depth, params) or 0)
             oldest = scalar(db, statements.oldest, params)
             expired = int(scalar(db, statements.expired, params) or 0)
+            elsewhere = layout.elsewhere(db, address)
             delayed, next_due = self._delayed(address, db)
         finally:
             db.rollback()
@@ -262,6 +263,7 @@ class Transport(RangeReads):
             depth=depth,
             oldest_age_seconds=age,
             expired=expired,
+            elsewhere=elsewhere,
             delayed=delayed,
             next_due_seconds=next_due,
         )

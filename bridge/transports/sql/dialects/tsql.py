@@ -143,6 +143,11 @@ def _guarded_create(table: str, catalog: str | None, body: str) -> str:
     )
 
 
+def guarded_create(table: str, catalog: str | None, body: str) -> str:
+    """`body` behind the transport's creation guard (other tables: SubscriptionRouting)."""
+    return _guarded_create(table, catalog, body)
+
+
 def standalone_batch(script: str) -> str:
     """`script` as a batch sqlcmd or SSMS run as printed, ended by `GO`.
 

@@ -319,6 +319,11 @@ class Layout(ABC):
         """Human-readable problems of an existing table that still works."""
         return []
 
+    def elsewhere(self, db: DbConnection, name: str) -> int:
+        """Messages in the table for another endpoint, which no source here takes (NGinn's
+        store-and-forward rows); 0 where a table holds only its own."""
+        return 0
+
     #: Whether a source keeps what it cannot forward in its own table (`keep_failed`) when its
     #: route names no error queue; else it needs one.
     keeps_failed = False

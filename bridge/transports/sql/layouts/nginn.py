@@ -22,7 +22,8 @@ Retries
 
 Limits
     No sequence ranges (`bridge migrate`, `bridge report`). `peek` counts expired rows by
-    `_NG-TTL` as NGinn writes it (`yyyy-MM-dd HH:mm:ss`).
+    `_NG-TTL` as NGinn writes it (`yyyy-MM-dd HH:mm:ss`), and `I` rows for other endpoints
+    apart (`elsewhere`; `bridge check --connect` warns of them).
 """
 
 from __future__ import annotations
@@ -57,9 +58,7 @@ class NGinnLayout(Layout):
             raise ConfigError(f"{dialect.describe()}: `layout: nginn` needs `nginn` settings")
         super().__init__(dialect)
         self.options = options
-        self.mapping = RowMapping(
-            options.alias or dialect.connection_name, options.timezone, options.types
-        )
+        self.mapping = RowMapping(options.alias, options.timezone, options.types)
         self._statements: dict[str, NGinnStatements] = {}
 
     def nginn_statements(self, name: str) -> NGinnStatements:
@@ -112,6 +111,23 @@ class NGinnLayout(Layout):
         rows = [(why, int(native_id)) for native_id, why in failed if native_id]
         if rows:
             db.cursor().executemany(self.nginn_statements(name).fail, rows)
+
+    def elsewhere(self, db: DbConnection, name: str) -> int:
+        cursor = db.cursor()
+        cursor.execute(self.nginn_statements(name).elsewhere, self.receive_params(name))
+        row = cursor.fetchone()
+        return int(row[0] or 0) if row else 0
+
+    def warnings(self, db: DbConnection, name: str) -> list[str]:
+        count = self.elsewhere(db, name)
+        if not count:
+            return []
+        return [
+            f"{self.dialect.describe()}: NGinn table {name!r} holds {count} ready row(s) for "
+            f"other endpoints than {self.mapping.endpoint(name)!r}: NGinn forwards them, the "
+            "bridge does not take them (a wrong `nginn.alias`, or no NGinn process reading "
+            "this table, strands them)"
+        ]
 
     def oldest_age(self, value: Any, now: float) -> float | None:
         return None if value is None else max(0.0, float(value))

@@ -236,13 +236,13 @@ class RowMapping:
             given = dict(pairs)
             ttl = parse_local(given[TTL]) if TTL in given else None
         except (HeadersFormatError, UnicodeDecodeError, ValueError) as exc:
-            raw = row.headers
             return PoisonMessage(
-                raw_headers=raw,
+                raw_headers=row.headers,
                 body=row.body if isinstance(row.body, bytes) else _text(row.body).encode(),
                 reason=f"NGinn row {row.native_id} cannot be read: {exc}",
                 exception_type=type(exc).__name__,
                 native_id=row.native_id,
+                headers=self._identity(row, table),
             )
         headers = Headers([(k, v) for k, v in pairs if k not in (TTL, REPLY_TO)])
         mapped = self._mapped(row, given, body, table)
@@ -261,12 +261,34 @@ class RowMapping:
             deadline = now + (self.to_utc(ttl) - self.to_utc(row.db_now)).total_seconds()
         return Envelope(headers, text.encode("utf-8"), expires_at=deadline, native_id=row.native_id)
 
+    def _identity(self, row: NGinnRow, table: str) -> Headers:
+        """What a row's columns say of it, for a row whose headers or body cannot be read: the
+        error-queue copy keeps its identity (its raw headers go along as they were)."""
+        headers = Headers()
+        for name, value in (
+            (MESSAGE_ID, self._message_id(row, table)),
+            (CORRELATION_ID, row.correlation_id or None),
+            (REPLY_TO_ADDRESS, row.from_endpoint or None),
+            ("NServiceBus.OriginatingEndpoint", row.from_endpoint or None),
+            (TIME_SENT, format_timestamp(self.to_utc(row.insert_time))),
+            (NGINN_ID, row.native_id),
+            (NGINN_TO, row.to_endpoint),
+            (NGINN_RETRY_COUNT, str(row.retry_count)),
+            (NGINN_LABEL, row.label),
+        ):
+            if value is not None:
+                headers.add(name, value)
+        return headers
+
+    def _message_id(self, row: NGinnRow, table: str) -> str:
+        return row.unique_id or str(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"{self.endpoint(table)}#{row.native_id}")
+        )
+
     def _mapped(
         self, row: NGinnRow, given: Mapping[str, str], body: object, table: str
     ) -> list[tuple[str, str | None]]:
-        message_id = row.unique_id or str(
-            uuid.uuid5(uuid.NAMESPACE_URL, f"{self.endpoint(table)}#{row.native_id}")
-        )
+        message_id = self._message_id(row, table)
         type_name = body.get("$type") if isinstance(body, dict) else None
         enclosed = (
             self._type_names.get(type_name, type_name) if isinstance(type_name, str) else None
@@ -303,23 +325,31 @@ class RowMapping:
         type_name = _first_type(headers.get(ENCLOSED_TYPES))
         copy = FAILED_Q in headers
         text = self._body(envelope.body, type_name, copy)
+        # what a row says of itself is the new row's, except on an error-queue copy, where it
+        # names the row that failed
+        own = {LEFT_OUT} if copy else _OWN
         pairs = [
             (k, v)
             for k, v in headers
-            if k not in COLUMN_HEADERS and k not in _OWN and k not in (TTL, REPLY_TO)
+            if k not in COLUMN_HEADERS and k not in own and k not in (TTL, REPLY_TO)
         ]
         lifetime = time_to_live_ms(envelope, now)
         if lifetime is not None:
             expires = datetime.fromtimestamp(now + lifetime / 1000, self.zone)
             pairs.append((TTL, expires.strftime(TTL_FORMAT)))
         written, left_out = format_headers(pairs)
+        error_info = headers.get(EXCEPTION_MESSAGE) if copy else None
         if left_out:
-            written = f"{written}|{LEFT_OUT}={len(left_out)}" if written else f"{LEFT_OUT}=1"
+            counted = f"{LEFT_OUT}={len(left_out)}"
+            written = f"{written}|{counted}" if written else counted
             self._count(left_out)
+            if copy:  # nothing of an error-queue copy is lost: kept after the exception message
+                kept = {name: value for name, value in pairs if name in set(left_out)}
+                error_info = f"{error_info or ''}\n\n{LEFT_OUT}: {json.dumps(kept)}"
         return OutgoingNGinnRow(
             from_endpoint=self._sender(headers.get(REPLY_TO_ADDRESS)),
             to_endpoint=self.endpoint(table),
-            error_info=headers.get(EXCEPTION_MESSAGE) if copy else None,
+            error_info=error_info,
             msg_text=text,
             correlation_id=correlation,
             label=(type_name or "")[:LABEL_CHARS] or None,
@@ -328,12 +358,18 @@ class RowMapping:
         )
 
     def _body(self, body: bytes, type_name: str | None, copy: bool) -> str:
-        """The body as NGinn reads it: UTF-8 JSON with `$type` first, from the type map where
-        the body has none. An error-queue copy is written as it is (it is not for a handler)."""
+        """The body as NGinn reads it: UTF-8 JSON with `"$type"` its first property, which is
+        where Json.NET, with the default MetadataPropertyHandling NGinn leaves it at, looks for
+        it. The `$type` is the type map's for the message's enclosed type where it has one
+        (NServiceBus's own `$type`, an assembly-qualified name NGinn's process cannot load, is
+        replaced), else the body's own, moved first. The other members are kept as written.
+        An error-queue copy is written as it is (it is not for a handler). A UTF-8 byte order
+        mark, which NServiceBus's JSON serializers write, is not kept: NGinn reads `msg_text`
+        as a string, and JSON has none."""
         if copy:
-            return body.decode("utf-8", errors="replace")
+            return body.decode("utf-8-sig", errors="replace")
         try:
-            text = body.decode("utf-8")
+            text = body.decode("utf-8-sig")
             parsed = json.loads(text)
         except (UnicodeDecodeError, ValueError) as exc:
             raise HeadersFormatError(
@@ -341,15 +377,18 @@ class RowMapping:
             ) from exc
         if not isinstance(parsed, dict):
             raise HeadersFormatError("the body is not a JSON object, which NGinn needs")
-        if "$type" in parsed:
-            return text
-        nginn_type = self.types.get(type_name or "")
+        own = parsed.get("$type")
+        nginn_type = self.types.get(type_name or "") or (own if isinstance(own, str) else None)
         if nginn_type is None:
             raise HeadersFormatError(
                 f"no `nginn.types` entry for message type {type_name!r}: NGinn dispatches on "
                 "the body's $type"
             )
-        return _with_type(text, nginn_type)
+        if "$type" not in parsed:
+            return _with_type(text, nginn_type)
+        if own == nginn_type and next(iter(parsed)) == "$type":
+            return text
+        return _with_type_first(text, nginn_type)
 
     def _sender(self, reply_to: str | None) -> str:
         """`from_endpoint`: `sql://<alias>/<the reply queue's table>`, else `.../bridge`."""
@@ -396,6 +435,35 @@ def _with_type(text: str, nginn_type: str) -> str:
     rest = text[start:]
     member = f'"$type":{json.dumps(nginn_type)}'
     return text[:start] + member + ("" if rest.lstrip().startswith("}") else ",") + rest
+
+
+def _with_type_first(text: str, nginn_type: str) -> str:
+    """`text` (a JSON object holding `"$type"`) with `"$type": nginn_type` its first property
+    and every other member as it was written (numbers keep their digits)."""
+    decoder = json.JSONDecoder()
+    members: list[str] = []
+    index = text.index("{") + 1
+    while True:
+        index = _skip_space(text, index)
+        if text[index] == "}":
+            break
+        key_at = index
+        key, end = decoder.raw_decode(text, key_at)
+        value_at = _skip_space(text, _skip_space(text, end) + 1)  # past the `:`
+        _, index = decoder.raw_decode(text, value_at)
+        if key != "$type":
+            members.append(f"{text[key_at:end]}:{text[value_at:index]}")
+        index = _skip_space(text, index)
+        if text[index] == ",":
+            index += 1
+    first = f'"$type":{json.dumps(nginn_type)}'
+    return "{" + ",".join([first, *members]) + "}"
+
+
+def _skip_space(text: str, index: int) -> int:
+    while text[index] in " \t\r\n":
+        index += 1
+    return index
 
 
 def _table_of(address: str) -> str:

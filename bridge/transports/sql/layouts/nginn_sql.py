@@ -7,7 +7,8 @@ quoted names, and these changes:
 - The receive is NGinn's two steps (`SelectAndLockNext1`: `TOP 1 ... WITH (UPDLOCK, READPAST)
   WHERE subqueue='I' ORDER BY retry_time`; `SelectAndLockNext2`: `SET subqueue='X',
   last_processed=getdate()`) as one statement that takes up to `@n` rows, only those whose
-  `to_endpoint` is the table's own (NGinn forwards the others), and outputs them.
+  `to_endpoint` is the table's own, compared ignoring case as NGinn compares endpoints,
+  whatever the column's collation (NGinn forwards the others), and outputs them.
 - The send is `InsertMessageBatch_InsertSql` for one row, `subqueue` 'I' and `retry_time`
   getdate() (no delivery time, no high priority), `error_info` a parameter (an error-queue
   copy carries its exception message there), without its `with(rowlock)` hint (an insert
@@ -67,6 +68,7 @@ class NGinnStatements:
     depth    params (endpoint,) -> `I` rows for the endpoint
     oldest   params (endpoint,) -> seconds since the oldest of them was inserted, or NULL
     expired  params (endpoint,) -> those whose `_NG-TTL` (as NGinn writes it) has passed
+    elsewhere  params (endpoint,) -> `I` rows for other endpoints (NGinn's to forward)
     mover    no params: due `R` rows back to `I`
     cleanup  no params: `X` rows older than the retention deleted
     send_delayed  params `OutgoingNGinnRow` with the delay in ms after `to_endpoint`: an `R`
@@ -82,6 +84,7 @@ class NGinnStatements:
     depth: str
     oldest: str
     expired: str
+    elsewhere: str
     mover: str
     cleanup: str
     send_delayed: str
@@ -108,6 +111,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
     )
     lock = " FOR UPDATE SKIP LOCKED" if pg else ""
     mine = f"subqueue = 'I' AND lower(to_endpoint) = lower({p})"
+    others = f"subqueue = 'I' AND lower(to_endpoint) <> lower({p})"
     if pg:
         create = (
             f"CREATE TABLE IF NOT EXISTS {t} (\n"
@@ -195,6 +199,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"SELECT count(*) FROM {tp} WHERE {mine} AND {ttl_at} > 0\n"
             f"  AND substr(msg_headers, {ttl_at} + 8, 19) < {now_text}"
         ),
+        elsewhere=f"SELECT count(*) FROM {tp} WHERE {others}",
         mover=(
             f"{_taking(t, mover_where, pg)}UPDATE {qt} SET subqueue = 'I'\n"
             f"{_taken(t, mover_where, pg)}"
@@ -272,7 +277,11 @@ def create_sqlserver(table: str, name: str, catalog: str | None) -> str:
 
 
 _MINE = "DECLARE @endpoint varchar(50) = ?;\n"
-_WHERE_MINE = "WHERE subqueue = 'I' AND to_endpoint = @endpoint"
+# Endpoints compare ignoring case whatever the column's collation, as NGinn compares them
+# (SqlMessageTransport2.cs:1127). `to_endpoint` is in no index (NGinn's is `(subqueue,
+# retry_time) INCLUDE (id)`), so LOWER() costs no seek: the index finds the `I` rows either way.
+_WHERE_MINE = "WHERE subqueue = 'I' AND LOWER(to_endpoint) = LOWER(@endpoint)"
+_WHERE_OTHERS = "WHERE subqueue = 'I' AND LOWER(to_endpoint) <> LOWER(@endpoint)"
 
 
 def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
@@ -315,6 +324,7 @@ def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
             "  AND SUBSTRING(msg_headers, CHARINDEX('_NG-TTL=', msg_headers) + 8, 19) "
             "< CONVERT(varchar(19), getdate(), 120)"
         ),
+        elsewhere=f"{_MINE}select count(*) from {t} with(nolock) {_WHERE_OTHERS}",
         mover=(
             f"WITH due AS (SELECT TOP ({MOVER_ROWS}) * FROM {t} WITH (READPAST)\n"
             "  where subqueue='R' and retry_time <= getdate())\n"

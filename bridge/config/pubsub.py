@@ -1,0 +1,171 @@
+"""The registry's events: who subscribes to what, where the bridge subscribes on their behalf,
+and the routes that carry events across (messaging-bridge.md §2).
+
+For a subscriber S (living on connection H) of event E whose publisher lives on connection C:
+
+- H is C: S subscribes itself, natively; the bridge does nothing (`local`).
+- C holds SQL queue tables or RabbitMQ and H is not Kafka: S's proxy on C subscribes natively,
+  as the Messaging Bridge's proxies do (`proxy`): a SubscriptionRouting row (Endpoint S,
+  QueueAddress the proxy's address on C, Topic E), or E's exchange bound to the proxy's.
+  What is published reaches the proxy, whose route forwards it like any message.
+- C holds SQL queue tables or RabbitMQ and H is Kafka (`kafka`): an event goes to Kafka once, to
+  the topic of its type, never once per subscriber. So every Kafka subscriber of E on H is
+  subscribed with one address, the proxy on C of the first of them in the file (the *carrier*):
+  on SQL one row per subscriber, all with the carrier's QueueAddress, which a publisher's
+  `SELECT DISTINCT QueueAddress` reads as one; on RabbitMQ the carrier's one binding. The
+  carrier's route sends each published event to the topics of the events it carries.
+- C is Kafka and H is not (`home`): the publisher produces E to E's topic. One route per
+  (E, H), `publish.<H>.<topic>`, reads the topic in its own consumer group and publishes each
+  event on H as an NServiceBus publisher does; S is subscribed on H as it would subscribe itself
+  (a row with its own address, or E's exchange bound to its own), so that the publish finds it.
+
+Driver-free, like the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from bridge.config.kinds import RULES
+from bridge.config.models import EventRoute
+from bridge.nservicebus.events import kafka_topic
+
+if TYPE_CHECKING:
+    from bridge.config.registry import Registry
+
+__all__ = ["PubSub", "Subscribed", "event_route_name"]
+
+Kind = Literal["local", "proxy", "kafka", "home"]
+#: Connection types whose native pub/sub the bridge writes (SubscriptionRouting, exchanges).
+NATIVE = ("sqlserver", "postgresql", "sqlite", "rabbitmq")
+
+
+def event_route_name(connection: str, topic: str) -> str:
+    return f"publish.{connection}.{topic}"
+
+
+@dataclass(frozen=True)
+class Subscribed:
+    """One `subscribes:` entry, resolved: where the bridge subscribes, with which address."""
+
+    endpoint: str
+    event: str
+    publisher: str
+    kind: Kind
+    #: The connection the native subscription is made on (none for `local`).
+    connection: str
+    #: The queue the subscription delivers to there (a proxy, or the endpoint's own queue),
+    #: and its address as NServiceBus writes it (SubscriptionRouting's QueueAddress).
+    queue: str
+    address: str
+
+    @property
+    def native(self) -> bool:
+        return self.kind != "local"
+
+
+class PubSub:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        config = registry.config
+        self.topics = {name: event.topic for name, event in config.events.items() if event.topic}
+
+    def _type(self, connection: str) -> str:
+        return self.registry.config.connections[connection].type
+
+    def topic(self, event: str) -> str:
+        return kafka_topic(event, self.topics)
+
+    def publisher_of(self, event: str) -> str | None:
+        for endpoint in self.registry.endpoints.values():
+            for subscription in endpoint.subscribes:
+                if subscription.event == event:
+                    return subscription.publisher
+        return None
+
+    def subscriptions(self) -> Iterator[Subscribed]:
+        """Every `subscribes:` entry whose publisher is registered, in the file's order."""
+        registry = self.registry
+        carriers: dict[tuple[str, str], str] = {}
+        for name, endpoint in registry.endpoints.items():
+            home = endpoint.connection
+            for subscription in endpoint.subscribes:
+                event, publisher = subscription.event, subscription.publisher
+                if publisher not in registry.endpoints:
+                    continue
+                on = registry.home(publisher)
+                if on == home:
+                    yield Subscribed(name, event, publisher, "local", on, name, "")
+                elif self._type(on) == "kafka":
+                    queue = registry.queue(name, home)
+                    address = registry.address(name, home)
+                    yield Subscribed(name, event, publisher, "home", home, queue, address)
+                elif self._type(home) == "kafka":
+                    carrier = carriers.setdefault((event, home), name)
+                    address = registry.address(carrier, on)
+                    yield Subscribed(name, event, publisher, "kafka", on, carrier, address)
+                else:
+                    yield Subscribed(
+                        name, event, publisher, "proxy", on, name, registry.address(name, on)
+                    )
+
+    def native(self) -> list[Subscribed]:
+        """The subscriptions the bridge makes, by connection then in the file's order."""
+        made = [s for s in self.subscriptions() if s.native]
+        return sorted(made, key=lambda s: s.connection)
+
+    def carried(self, connection: str, endpoint: str) -> list[str]:
+        """The events `endpoint`'s proxy on `connection` carries to Kafka topics."""
+        return list(
+            dict.fromkeys(
+                s.event
+                for s in self.subscriptions()
+                if s.kind == "kafka" and s.connection == connection and s.queue == endpoint
+            )
+        )
+
+    def event_topics(self) -> dict[str, list[str]]:
+        """Kafka connection -> the event topics the bridge produces to."""
+        out: dict[str, list[str]] = {}
+        for s in self.subscriptions():
+            if s.kind == "kafka":
+                home = self.registry.home(s.endpoint)
+                bucket = out.setdefault(home, [])
+                if self.topic(s.event) not in bucket:
+                    bucket.append(self.topic(s.event))
+        return out
+
+    def routes(self) -> list[EventRoute]:
+        """One route per (event published on Kafka, connection of a subscriber)."""
+        registry = self.registry
+        proxies = registry.config.proxies
+        out: dict[str, EventRoute] = {}
+        for s in self.subscriptions():
+            if s.kind != "home":
+                continue
+            topic = self.topic(s.event)
+            name = event_route_name(s.connection, topic)
+            if name in out:
+                continue
+            kafka = registry.home(s.publisher)
+            destination = RULES[self._type(s.connection)].ADDRESS_KEY
+            out[name] = EventRoute.model_validate(
+                {
+                    "name": name,
+                    "endpoint": s.publisher,
+                    "event": s.event,
+                    "from": {
+                        "connection": kafka,
+                        "topic": topic,
+                        "group": f"{proxies.group}.{name}",
+                    },
+                    "to": {"connection": s.connection, destination: s.event},
+                    "batch_size": proxies.batch_size,
+                    "concurrency": proxies.concurrency,
+                    "error_queue": proxies.error_queue,
+                    "publish": True,
+                }
+            )
+        return list(out.values())

@@ -1,0 +1,107 @@
+"""Events as NServiceBus names them: type names, topics, RabbitMQ exchanges, Kafka topics.
+
+Facts (messaging-bridge.md §2):
+
+- a published message carries `NServiceBus.MessageIntent = Publish`; the Messaging Bridge's
+  proxies drop `Subscribe` and `Unsubscribe` control messages, the intent read without regard
+  to case (EndpointProxyFactory.cs:27-29, 72-81 of Particular/NServiceBus.MessagingBridge@ef463cf);
+- `NServiceBus.EnclosedMessageTypes` lists `;`-joined assembly-qualified names, most derived
+  first; without .NET types, a message's topics are each entry's full name (the text before the
+  first comma) and `System.Object`, which every class derives from (PolymorphicSubscriptionStore.cs:
+  45-57 of Particular/NServiceBus.SqlServer@214c4e8f walks the base types up to it, then the
+  interfaces);
+- the SQL transports' topic is the type's full name (TopicNames.cs:7), RabbitMQ's exchange
+  `Namespace:Name` (ConventionalRoutingTopology.cs:19 of Particular/NServiceBus.RabbitMQ@ec745bf8);
+- this project's Kafka convention: an event goes once to the topic of its type, the `events:`
+  map's or its full name with every character outside `[A-Za-z0-9._-]` replaced by `_`, cut to
+  249 characters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from bridge.envelope import Headers
+
+__all__ = [
+    "ENCLOSED_TYPES",
+    "MESSAGE_INTENT",
+    "OBJECT",
+    "PUBLISH",
+    "exchange_name",
+    "intent",
+    "is_control",
+    "is_published",
+    "kafka_topic",
+    "topics_of",
+    "type_name_problem",
+]
+
+MESSAGE_INTENT = "NServiceBus.MessageIntent"
+ENCLOSED_TYPES = "NServiceBus.EnclosedMessageTypes"
+PUBLISH = "Publish"
+OBJECT = "System.Object"
+_CONTROL = ("subscribe", "unsubscribe")
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*(?:`[0-9]+)?"
+#: A .NET full name as written in routes.yaml: namespaces, the type, nested types after `+`.
+_FULL_NAME = re.compile(rf"^{_IDENTIFIER}(?:\.{_IDENTIFIER})*(?:\+{_IDENTIFIER})*$")
+_NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9._-]")
+MAX_TOPIC = 249
+
+
+def type_name_problem(name: str) -> str | None:
+    """Why `name` is not a .NET full type name (`Sales.Messages.OrderPlaced`), or None."""
+    if not _FULL_NAME.match(name):
+        return (
+            f"event {name!r} is not a .NET full type name: namespaces and the type name, "
+            "separated by '.' (nested types after '+'), each a letter or '_' followed by "
+            "letters, digits or '_'"
+        )
+    if len(name) > 200:
+        return f"event {name[:40]!r}... is {len(name)} characters; SubscriptionRouting holds 200"
+    return None
+
+
+def intent(headers: Headers) -> str | None:
+    return headers.get(MESSAGE_INTENT)
+
+
+def is_control(headers: Headers) -> bool:
+    """A Subscribe or Unsubscribe control message, as the Messaging Bridge recognises one."""
+    value = intent(headers)
+    return value is not None and value.strip().lower() in _CONTROL
+
+
+def is_published(headers: Headers) -> bool:
+    value = intent(headers)
+    return value is not None and value.strip().lower() == PUBLISH.lower()
+
+
+def topics_of(headers: Headers) -> list[str]:
+    """The full names of the message's types, most derived first, then `System.Object`."""
+    names: list[str] = []
+    for entry in (headers.get(ENCLOSED_TYPES) or "").split(";"):
+        name = entry.split(",", 1)[0].strip()
+        if name and name not in names:
+            names.append(name)
+    if OBJECT not in names:
+        names.append(OBJECT)
+    return names
+
+
+def exchange_name(full_name: str) -> str:
+    """The RabbitMQ exchange of a type: `Namespace:Name` (a nested type's Name is its own)."""
+    namespace, _, name = full_name.split("+", 1)[0].rpartition(".")
+    if "+" in full_name:
+        name = full_name.rsplit("+", 1)[1]
+    return f"{namespace}:{name}"
+
+
+def kafka_topic(full_name: str, events: Mapping[str, str]) -> str:
+    """The Kafka topic of an event type: `events:`'s, else derived from the full name."""
+    mapped = events.get(full_name)
+    if mapped:
+        return mapped
+    return _NOT_IN_TOPIC.sub("_", full_name)[:MAX_TOPIC]

@@ -1,0 +1,235 @@
+"""The native subscriptions the bridge makes on its subscribers' behalf (`bridge.config.pubsub`).
+
+`subscribe_all` makes every one the registry asks for: at `bridge install` and again when
+`bridge run` starts, so a table or broker that lost them gets them back. Each is idempotent, as
+NServiceBus's own are: an upsert of the SubscriptionRouting row on SQL (`transports/sql/
+subscriptions.py`, the table created first when missing), the event's exchange declared and bound
+to the queue's on RabbitMQ (`transports/rabbitmq/events.py`). `change` subscribes or unsubscribes
+one endpoint by hand (`bridge subscribe` / `bridge unsubscribe`); the bridge never unsubscribes
+on its own. `state` reads what each side holds, for `bridge endpoints --connect`.
+
+Sinks that publish (`publisher`) and the sink of a Kafka carrier's route (`EventTopics`) are made
+here too, so the supervisor asks one place how a derived route's events go.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bridge.config.models import BridgeConfig
+from bridge.config.pubsub import Subscribed
+from bridge.errors import BridgeError, TransportError, UsageError
+from bridge.protocols import Sink, Transport
+
+__all__ = ["change", "describe", "publisher", "state", "subscribe_all"]
+
+log = logging.getLogger("bridge.subscriptions")
+
+SQL = ("sqlserver", "postgresql", "sqlite")
+
+
+def describe(s: Subscribed, *, subscribe: bool = True) -> str:
+    """One subscription, as `bridge install` and the logs say it."""
+    what = "subscribed" if subscribe else "unsubscribed"
+    return f"{what} {s.endpoint} to {s.event} at {s.address or s.queue} (publisher {s.publisher})"
+
+
+async def _apply(
+    transport: Transport, kind: str, made: list[Subscribed], *, subscribe: bool
+) -> None:
+    """Make (or remove) `made`, subscriptions on one connection, on a connection of its own."""
+    if kind in SQL:
+        from bridge.transports.sql.subscriptions import SubscriptionTable
+        from bridge.transports.sql.transport import Transport as SqlTransport
+
+        assert isinstance(transport, SqlTransport)
+        table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
+        try:
+            if subscribe:
+                await table.create()
+            for s in made:
+                if subscribe:
+                    await table.subscribe(s.endpoint, s.address, s.event)
+                else:
+                    await table.unsubscribe(s.endpoint, s.event)
+        finally:
+            await table.close()
+    elif kind == "rabbitmq":
+        from bridge.transports.rabbitmq import events
+        from bridge.transports.rabbitmq.admin import run_declaration
+        from bridge.transports.rabbitmq.config import describe as where
+        from bridge.transports.rabbitmq.connection import link
+        from bridge.transports.rabbitmq.errors import reply_code
+        from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
+
+        assert isinstance(transport, RabbitTransport)
+        name = transport.name
+        admin = link(transport.config, name, "admin", where(name))
+        try:
+            for s in made:
+                change = events.subscribe if subscribe else events.unsubscribe
+                try:
+                    for declaration in change(s.event, s.queue):
+                        await admin.run(run_declaration(declaration), what=declaration.text)
+                except TransportError as exc:
+                    if not subscribe and reply_code(exc) == 404:
+                        continue  # nothing to unbind: unsubscribed already, as NServiceBus takes it
+                    raise TransportError(
+                        f"{describe(s, subscribe=subscribe)}: {exc} (the exchange of queue "
+                        f"{s.queue!r} must exist: `bridge install` with `proxies: {{create: "
+                        "true}` creates it)"
+                    ) from exc
+        finally:
+            await admin.close()
+
+
+async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) -> list[str]:
+    """Make every native subscription of the registry; what was made, as lines to print."""
+    from bridge.transports import load
+
+    by_connection: dict[str, list[Subscribed]] = {}
+    for s in config.registry.pubsub.native():
+        by_connection.setdefault(s.connection, []).append(s)
+    done = []
+    for connection, made in by_connection.items():
+        if connection not in transports:
+            transports[connection] = load(connection, config.connections[connection])
+        kind = config.connections[connection].type
+        await _apply(transports[connection], kind, made, subscribe=True)
+        for s in made:
+            log.info(describe(s), extra={"connection": connection})
+            done.append(f"{connection}: {describe(s)}")
+    return done
+
+
+def _find(config: BridgeConfig, endpoint: str, event: str) -> Subscribed:
+    if endpoint not in config.endpoints:
+        known = ", ".join(sorted(config.endpoints)) or "none"
+        raise UsageError(f"no endpoint named {endpoint!r} in the registry (known: {known})")
+    for s in config.registry.pubsub.subscriptions():
+        if s.endpoint == endpoint and s.event == event:
+            return s
+    listed = [x.event for x in config.endpoints[endpoint].subscribes]
+    raise UsageError(
+        f"endpoint {endpoint!r} does not subscribe to {event!r} in the config (it subscribes "
+        f"to: {', '.join(listed) or 'nothing'}); add it under its `subscribes:` to name the "
+        "publisher"
+    )
+
+
+async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: bool) -> str:
+    """Subscribe or unsubscribe one endpoint by hand; what was done."""
+    from bridge.transports import load
+
+    s = _find(config, endpoint, event)
+    if not s.native:
+        return f"{endpoint} lives with its publisher on {s.connection!r}: it subscribes itself"
+    transport = load(s.connection, config.connections[s.connection])
+    try:
+        await _apply(transport, config.connections[s.connection].type, [s], subscribe=subscribe)
+    finally:
+        await transport.close()
+    return f"{s.connection}: {describe(s, subscribe=subscribe)}"
+
+
+async def state(config: BridgeConfig) -> dict[tuple[str, str], str]:
+    """(endpoint, event) -> what the publisher's side holds: `subscribed`, `missing`, `moved`
+    (a row with another address), or why it could not be read: SQL rows are read in the
+    subscription table, RabbitMQ bindings through the management API (AMQP cannot list them)."""
+    out: dict[tuple[str, str], str] = {}
+    by_connection: dict[str, list[Subscribed]] = {}
+    for s in config.registry.pubsub.native():
+        by_connection.setdefault(s.connection, []).append(s)
+    for connection, made in by_connection.items():
+        kind = config.connections[connection].type
+        reader = _sql_state if kind in SQL else _rabbitmq_state
+        try:
+            out.update(await reader(config, connection, made))
+        except BridgeError as exc:
+            out.update({(s.endpoint, s.event): f"unreadable: {exc}" for s in made})
+    return out
+
+
+async def _sql_state(
+    config: BridgeConfig, connection: str, made: list[Subscribed]
+) -> dict[tuple[str, str], str]:
+    from bridge.transports import load
+    from bridge.transports.sql.subscriptions import SubscriptionTable
+    from bridge.transports.sql.transport import Transport as SqlTransport
+
+    transport = load(connection, config.connections[connection])
+    assert isinstance(transport, SqlTransport)
+    table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
+    try:
+        rows = {(e, t): a for a, e, t in await table.rows()} if await table.exists() else {}
+    finally:
+        await table.close()
+        await transport.close()
+    out = {}
+    for s in made:
+        found = rows.get((s.endpoint, s.event))
+        out[s.endpoint, s.event] = (
+            "missing" if found is None else "subscribed" if found == s.address else "moved"
+        )
+    return out
+
+
+async def _rabbitmq_state(
+    config: BridgeConfig, connection: str, made: list[Subscribed]
+) -> dict[tuple[str, str], str]:
+    from bridge.nservicebus.events import exchange_name
+    from bridge.transports.rabbitmq.config import RabbitMQConnection
+    from bridge.transports.rabbitmq.events import subscribed_type
+    from bridge.transports.rabbitmq.management import ManagementApi, ManagementError
+
+    model = config.connections[connection]
+    assert isinstance(model, RabbitMQConnection)
+    api = ManagementApi(model)
+    out = {}
+    for s in made:
+        try:
+            bindings = await api.bindings_from(exchange_name(subscribed_type(s.event)))
+        except ManagementError as exc:
+            out[s.endpoint, s.event] = "missing" if exc.status == 404 else f"unreadable: {exc}"
+            continue
+        bound = any(
+            b.get("destination_type") == "exchange"
+            and b.get("destination") == s.queue
+            and b.get("routing_key") == ""
+            for b in bindings
+        )
+        out[s.endpoint, s.event] = "subscribed" if bound else "missing"
+    return out
+
+
+def publisher(config: BridgeConfig, transport: Transport, connection: str) -> Sink:
+    """The sink that publishes events on `connection` as NServiceBus publishers do."""
+    kind = config.connections[connection].type
+    if kind in SQL:
+        from bridge.transports.sql.publish import SqlPublisher
+        from bridge.transports.sql.transport import Transport as SqlTransport
+
+        assert isinstance(transport, SqlTransport)
+        return SqlPublisher(transport.dialect, transport.config, transport.pool)
+    if kind == "rabbitmq":
+        from bridge.transports.rabbitmq.events import RabbitMQPublisher
+        from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
+
+        assert isinstance(transport, RabbitTransport)
+        return RabbitMQPublisher(transport.config, connection)
+    raise UsageError(f"connection {connection!r} ({kind}) cannot publish events")
+
+
+def event_sink(
+    config: BridgeConfig, transport: Transport, connection: str, endpoint: str, own: Sink
+) -> Sink:
+    """The sink of `endpoint`'s proxy route from `connection`: `own`, or, for a Kafka carrier,
+    one that sends published events to their topics (`routing/events.py`)."""
+    pubsub = config.registry.pubsub
+    carried = pubsub.carried(connection, endpoint)
+    if not carried:
+        return own
+    from bridge.routing.events import EventTopics
+
+    topics = {event: pubsub.topic(event) for event in carried}
+    return EventTopics(own, topics, lambda topic: transport.sink(topic))

@@ -1,0 +1,334 @@
+"""`subscribes:` and `events:`: where the bridge subscribes on each subscriber's behalf, the
+routes of events published on Kafka, and the rules `bridge check` enforces at FILE:LINE:COL.
+
+Facts pinned here, from their source:
+- The proxy subscribes with the subscriber's name and the proxy's own address: the Messaging
+  Bridge creates each proxy as a raw endpoint named like the endpoint it stands for
+  (Particular/NServiceBus.MessagingBridge@ef463cf src/NServiceBus.MessagingBridge/
+  EndpointProxyFactory.cs:22-23) and subscribes it through its transport's subscription manager
+  (SubscriptionManager.cs:46-49), which writes the endpoint's name and its local address
+  (Particular/NServiceBus.SqlServer@214c4e8f src/NServiceBus.Transport.Sql.Shared/PubSub/
+  SubscriptionManager.cs:9-11; SubscriptionTable.cs:27-40).
+- The topic is the type's full name (TopicNames.cs:7); the exchange `Namespace:Name`
+  (Particular/NServiceBus.RabbitMQ@ec745bf8 src/NServiceBus.Transport.RabbitMQ/Routing/
+  ConventionalRoutingTopology.cs:19).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.commands import describe_registry, install, render_registry
+from bridge.config.loader import parse_config
+from bridge.config.models import BridgeConfig, EventRoute
+from bridge.envelope import Headers
+from bridge.errors import ConfigError
+from bridge.migrate.spec import JobSpec
+from bridge.nservicebus.events import (
+    OBJECT,
+    exchange_name,
+    is_control,
+    is_published,
+    kafka_topic,
+    topics_of,
+    type_name_problem,
+)
+from bridge.transports.rabbitmq.events import publish_declarations
+from bridge.transports.rabbitmq.events import subscribe as subscribe_declarations
+
+CONNECTIONS = """\
+connections:
+  legacy: {type: sqlserver, dsn: "Driver=x", schema: dbo, catalog: nsb}
+  pg:     {type: postgresql, dsn: "host=127.0.0.1", schema: shop}
+  rabbit: {type: rabbitmq, url: "amqp://127.0.0.1/"}
+  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+"""
+
+EVENT = "Sales.Messages.OrderPlaced"
+PUBSUB = (
+    CONNECTIONS
+    + f"""\
+endpoints:
+  Sales:     {{connection: pg}}
+  Inventory: {{connection: kafka}}
+  Shipping:  {{connection: rabbit, subscribes: [{{event: {EVENT}, publisher: Sales}}]}}
+  Analytics: {{connection: kafka, subscribes: [{{event: {EVENT}, publisher: Sales}}]}}
+  Audit:     {{connection: kafka, subscribes: [{{event: {EVENT}, publisher: Sales}}]}}
+  Billing:
+    connection: legacy
+    subscribes:
+      - {{event: Inventory.StockChanged, publisher: Inventory}}
+      - {{event: {EVENT}, publisher: Sales}}
+  Stock:
+    connection: pg
+    subscribes: [{{event: Inventory.StockChanged, publisher: Inventory}}]
+  Local:     {{connection: pg, subscribes: [{{event: {EVENT}, publisher: Sales}}]}}
+events:
+  Inventory.StockChanged: {{topic: inventory.stock-changed}}
+"""
+)
+
+
+def config_of(text: str) -> BridgeConfig:
+    return parse_config(text).config
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    return str(caught.value)
+
+
+def test_each_subscription_is_made_where_its_publisher_lives() -> None:
+    pubsub = config_of(PUBSUB).registry.pubsub
+    made = {(s.endpoint, s.event): s for s in pubsub.subscriptions()}
+    shipping = made["Shipping", EVENT]
+    assert (shipping.kind, shipping.connection, shipping.queue) == ("proxy", "pg", "Shipping")
+    assert shipping.address == '"shop"."Shipping"'  # the proxy's address, as NServiceBus writes
+    billing = made["Billing", EVENT]
+    assert (billing.kind, billing.address) == ("proxy", '"shop"."Billing"')
+    assert made["Local", EVENT].kind == "local"  # on the publisher's own connection
+    assert not made["Local", EVENT].native
+
+
+def test_kafka_subscribers_share_one_address_so_an_event_goes_to_kafka_once() -> None:
+    pubsub = config_of(PUBSUB).registry.pubsub
+    made = {(s.endpoint, s.event): s for s in pubsub.subscriptions()}
+    analytics, audit = made["Analytics", EVENT], made["Audit", EVENT]
+    assert analytics.kind == audit.kind == "kafka"
+    # Two rows (Endpoint differs), one QueueAddress: SELECT DISTINCT reads one subscriber.
+    assert analytics.address == audit.address == '"shop"."Analytics"'
+    assert analytics.queue == audit.queue == "Analytics"
+    assert pubsub.carried("pg", "Analytics") == [EVENT]
+    assert pubsub.carried("pg", "Audit") == []
+    assert pubsub.event_topics() == {"kafka": ["Sales.Messages.OrderPlaced"]}
+
+
+def test_an_event_published_on_kafka_is_read_once_per_subscribing_connection() -> None:
+    config = config_of(PUBSUB)
+    pubsub = config.registry.pubsub
+    made = {(s.endpoint, s.event): s for s in pubsub.subscriptions()}
+    billing = made["Billing", "Inventory.StockChanged"]
+    # Subscribed on its own connection, as it would subscribe itself, so the publish finds it.
+    assert (billing.kind, billing.connection, billing.address) == (
+        "home",
+        "legacy",
+        "Billing@[dbo]@[nsb]",
+    )
+    routes = {r.name: r for r in config.derived_routes if isinstance(r, EventRoute)}
+    assert set(routes) == {
+        "publish.legacy.inventory.stock-changed",
+        "publish.pg.inventory.stock-changed",
+    }
+    route = routes["publish.pg.inventory.stock-changed"]
+    assert (route.from_.connection, route.from_.topic) == ("kafka", "inventory.stock-changed")
+    assert route.from_.group == "bridge.publish.pg.inventory.stock-changed"
+    assert (route.to.connection, route.event, route.endpoint) == (
+        "pg",
+        "Inventory.StockChanged",
+        "Inventory",
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "where"),
+    [
+        (
+            ("publisher: Sales}]}\n  Analytics", "publisher: Sails}]}\n  Analytics"),
+            "publisher 'Sails' is not a registered endpoint (nearest: 'Sales'",
+            "9:95",
+        ),
+        (
+            ("publisher: Sales}]}\n  Audit", "publisher: Shipping}]}\n  Audit"),
+            "has two publishers: 'Sales' (for 'Shipping') and 'Shipping'",
+            "10:94",
+        ),
+        (
+            (
+                "[{event: Sales.Messages.OrderPlaced, publisher: Sales}]}\n  Audit",
+                "[{event: 9x, publisher: Sales}]}\n  Audit",
+            ),
+            "event '9x' is not a .NET full type name",
+            "10:55",
+        ),
+        (
+            ("{topic: inventory.stock-changed}", "{topic: 'no spaces'}"),
+            "event 'Inventory.StockChanged': Kafka topic name 'no spaces' is not valid",
+            "22:35",
+        ),
+        (
+            ("  Inventory.StockChanged: {", "  Inventory.Stock-Changed: {"),
+            "event 'Inventory.Stock-Changed' is not a .NET full type name",
+            "22:3",
+        ),
+    ],
+)
+def test_check_enforces_the_rules_of_events(
+    change: tuple[str, str], message: str, where: str
+) -> None:
+    text = PUBSUB.replace(*change)
+    assert text != PUBSUB
+    error = error_of(text)
+    assert message in error
+    assert error.startswith(f"routes.yaml:{where}:"), error
+
+
+def test_an_event_name_must_fit_subscription_routing() -> None:
+    long = "A." + "B" * 260
+    text = PUBSUB.replace(
+        f"Analytics: {{connection: kafka, subscribes: [{{event: {EVENT}",
+        f"Analytics: {{connection: kafka, subscribes: [{{event: {long}",
+    )
+    assert "SubscriptionRouting holds 200" in error_of(text)
+
+
+def test_a_topic_the_bridge_reads_events_from_is_not_one_it_sends_events_to() -> None:
+    text = PUBSUB.replace(
+        "{topic: inventory.stock-changed}",
+        "{topic: inventory.stock-changed}\n"
+        "  Sales.Messages.OrderPlaced: {topic: inventory.stock-changed}",
+    )
+    assert "they would come back" in error_of(text)
+
+
+def test_pub_sub_across_rabbitmq_needs_the_conventional_topology() -> None:
+    text = PUBSUB.replace(
+        'url: "amqp://127.0.0.1/"}', 'url: "amqp://127.0.0.1/", topology: direct}'
+    )
+    assert "whose topology is direct" in error_of(text)
+
+
+def test_type_names_topics_and_exchanges() -> None:
+    assert type_name_problem("Sales.Messages.OrderPlaced") is None
+    assert type_name_problem("Sales.Outer+Inner") is None
+    assert type_name_problem("Sales.Generic`1") is None
+    assert type_name_problem("Sales..Bad") is not None
+    assert exchange_name("Sales.Messages.OrderPlaced") == "Sales.Messages:OrderPlaced"
+    assert exchange_name("Sales.Outer+Inner") == "Sales:Inner"
+    assert exchange_name("System.Object") == "System:Object"
+    assert kafka_topic("Sales.Outer+Inner`1", {}) == "Sales.Outer_Inner_1"
+    assert kafka_topic(EVENT, {EVENT: "orders"}) == "orders"
+
+
+def test_topics_are_the_enclosed_full_names_then_system_object() -> None:
+    headers = Headers(
+        [
+            (
+                "NServiceBus.EnclosedMessageTypes",
+                "Sales.Express, Sales, Version=1.0.0.0;Sales.OrderPlaced, Sales, Version=1.0.0.0",
+            ),
+            ("NServiceBus.MessageIntent", "publish"),
+        ]
+    )
+    assert topics_of(headers) == ["Sales.Express", "Sales.OrderPlaced", "System.Object"]
+    assert is_published(headers) and not is_control(headers)
+    assert is_control(Headers([("NServiceBus.MessageIntent", "Unsubscribe")]))
+
+
+def test_endpoints_lists_each_subscription_and_how_it_is_made() -> None:
+    shown = render_registry(describe_registry(config_of(PUBSUB)))
+    assert (
+        f'  subscribes to {EVENT} from Sales: its proxy "shop"."Shipping" on pg'
+        in shown.splitlines()
+    )
+    assert (
+        f'  subscribes to {EVENT} from Sales: via "shop"."Analytics" on pg, to topic {EVENT}'
+        in shown.splitlines()
+    )
+    assert f"  subscribes to {EVENT} from Sales: on pg, by the endpoint itself" in shown
+
+
+async def test_print_sql_prints_the_subscription_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(PUBSUB)
+    assert await install(str(config), print_only=True) == 0
+    printed = capsys.readouterr().out
+    assert (
+        '-- subscriptions on pg: Shipping to Sales.Messages.OrderPlaced at "shop"."Shipping"'
+        in (printed)
+    )
+    assert 'CREATE TABLE IF NOT EXISTS "shop"."SubscriptionRouting" (' in printed
+    assert "MERGE" not in printed and "[nsb].[dbo].[SubscriptionRouting]" in printed
+    # Billing subscribes at home to an event published on Kafka: on its own SQL Server.
+    assert (
+        "-- subscriptions on legacy: Billing to Inventory.StockChanged at Billing@[dbo]@[nsb]"
+        in (printed)
+    )
+
+
+def test_a_publisher_without_types_binds_the_event_to_every_type_it_encloses() -> None:
+    declared = [d.text for d in publish_declarations(["Sales.Express", "Sales.Placed", OBJECT])]
+    assert declared == [
+        "exchange.declare exchange='Sales:Express' type=fanout durable=true",
+        "exchange.declare exchange='Sales:Placed' type=fanout durable=true",
+        "exchange.bind 'Sales:Placed' to 'Sales:Express' routing_key=''",
+        "exchange.declare exchange='System:Object' type=fanout durable=true",
+        "exchange.bind 'System:Object' to 'Sales:Express' routing_key=''",
+    ]
+    # A subscription binds the subscribed type's exchange to the subscriber's, IEvent as Object.
+    assert [d.text for d in subscribe_declarations("NServiceBus.IEvent", "Shipping")] == [
+        "exchange.declare exchange='System:Object' type=fanout durable=true",
+        "exchange.bind 'Shipping' to 'System:Object' routing_key=''",
+    ]
+
+
+async def test_print_sql_prints_rabbitmq_subscriptions_as_management_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        PUBSUB.replace("Sales:     {connection: pg}", "Sales:     {connection: rabbit}")
+    )
+    assert await install(str(config), print_only=True) == 0
+    printed = capsys.readouterr().out
+    api = "http://127.0.0.1:15672/api/"
+    assert (
+        "-X PUT -H 'content-type: application/json' "
+        '-d \'{"type":"fanout","durable":true,"auto_delete":false}\' '
+        f"{api}exchanges/%2F/Sales.Messages%3AOrderPlaced\n"
+    ) in printed
+    # The Kafka subscribers' one binding, to the first one's proxy exchange.
+    binding = (
+        "-X POST -H 'content-type: application/json' "
+        '-d \'{"routing_key":"","arguments":{}}\' '
+        f"{api}bindings/%2F/e/Sales.Messages%3AOrderPlaced/e/Analytics\n"
+    )
+    assert binding in printed
+    assert "/e/Audit" not in printed
+
+
+WRITTEN = (
+    CONNECTIONS
+    + """\
+routes:
+  - name: legacy-stock
+    from: {connection: kafka, topic: legacy.stock, group: g}
+    to: {connection: pg}
+    publish: true
+"""
+)
+
+
+def test_a_written_route_publishes_on_a_connection_it_names_alone() -> None:
+    (route,) = config_of(WRITTEN).all_routes
+    assert route.publish and route.to.address == ""
+    assert "names only its destination's connection" in error_of(
+        WRITTEN.replace("to: {connection: pg}", "to: {connection: pg, queue: Stock}")
+    )
+    wrong = error_of(WRITTEN.replace("to: {connection: pg}", "to: {connection: kafka}"))
+    assert wrong.startswith("routes.yaml:10:14: publish: connection 'kafka' is kafka")
+    direct = WRITTEN.replace('url: "amqp://127.0.0.1/"}', 'url: "amqp://x/", topology: direct}')
+    assert "has the direct topology" in error_of(
+        direct.replace("{connection: pg}", "{connection: rabbit}")
+    )
+
+
+def test_migrate_refuses_a_route_that_publishes(tmp_path: Path) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text(WRITTEN)
+    with pytest.raises(ConfigError, match="publishes events, which `bridge migrate` does not"):
+        JobSpec.from_file(str(config), "legacy-stock")
