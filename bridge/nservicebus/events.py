@@ -9,7 +9,8 @@ Facts (messaging-bridge.md §2):
   first; without .NET types, a message's topics are each entry's full name (the text before the
   first comma) and `System.Object`, which every class derives from (PolymorphicSubscriptionStore.cs:
   45-57 of Particular/NServiceBus.SqlServer@214c4e8f walks the base types up to it, then the
-  interfaces);
+  interfaces); a message that names no type (a record a producer without NServiceBus wrote to
+  an event's topic) is of the type its route reads (`published`), and its copies say so;
 - the SQL transports' topic is the type's full name (TopicNames.cs:7), RabbitMQ's exchange
   `Namespace:Name` (ConventionalRoutingTopology.cs:19 of Particular/NServiceBus.RabbitMQ@ec745bf8);
 - this project's Kafka convention: an event goes once to the topic of its type, the `events:`
@@ -19,10 +20,11 @@ Facts (messaging-bridge.md §2):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 
-from bridge.envelope import Headers
+from bridge.envelope import Envelope, Headers
 
 __all__ = [
     "ENCLOSED_TYPES",
@@ -34,6 +36,7 @@ __all__ = [
     "is_control",
     "is_published",
     "kafka_topic",
+    "published",
     "topics_of",
     "type_name_problem",
 ]
@@ -89,6 +92,17 @@ def topics_of(headers: Headers) -> list[str]:
     if OBJECT not in names:
         names.append(OBJECT)
     return names
+
+
+def published(envelope: Envelope, event: str | None = None) -> Envelope:
+    """The copy of `envelope` a publisher sends: when it names no type, `event`'s (the event
+    its route carries) in `NServiceBus.EnclosedMessageTypes`, so that subscribers are found by
+    it and an NServiceBus subscriber knows what it got."""
+    if not event or (envelope.headers.get(ENCLOSED_TYPES) or "").strip():
+        return envelope
+    headers = envelope.headers.copy()
+    headers.set(ENCLOSED_TYPES, event)
+    return dataclasses.replace(envelope, headers=headers)
 
 
 def exchange_name(full_name: str) -> str:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from bridge.config.models import DerivedRoute, Route
 from bridge.envelope import Envelope
 from bridge.errors import BridgeError, MessageRejected, MessagesRejected
-from bridge.nservicebus.events import is_control, is_published, topics_of
+from bridge.nservicebus.events import is_control, is_published, published, topics_of
 from bridge.protocols import Readiness, ReceivedBatch, Sink, Source
 from bridge.routing.receiver import Receiver
 from bridge.routing.retry import Backoff
@@ -330,11 +330,12 @@ class RouteRunner:
         return kept
 
     def _count_events(self, envelopes: list[Envelope]) -> None:
-        published = self.stats.published
+        counts = self.stats.published
+        carried = getattr(self.route, "event", None)  # an event route's type, for untyped records
         for envelope in envelopes:
-            if is_published(envelope.headers):
-                event = topics_of(envelope.headers)[0]
-                published[event] = published.get(event, 0) + 1
+            if self.route.publish or is_published(envelope.headers):
+                event = topics_of(published(envelope, carried).headers)[0]
+                counts[event] = counts.get(event, 0) + 1
                 self.metrics.published(event)
 
     def _log_error_queue(

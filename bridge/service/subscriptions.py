@@ -202,21 +202,24 @@ async def _rabbitmq_state(
     return out
 
 
-def publisher(config: BridgeConfig, transport: Transport, connection: str) -> Sink:
-    """The sink that publishes events on `connection` as NServiceBus publishers do."""
+def publisher(
+    config: BridgeConfig, transport: Transport, connection: str, event: str | None = None
+) -> Sink:
+    """The sink that publishes events on `connection` as NServiceBus publishers do; a message
+    that names no type is taken to be an `event` (its route's: `EventRoute.event`)."""
     kind = config.connections[connection].type
     if kind in SQL:
         from bridge.transports.sql.publish import SqlPublisher
         from bridge.transports.sql.transport import Transport as SqlTransport
 
         assert isinstance(transport, SqlTransport)
-        return SqlPublisher(transport.dialect, transport.config, transport.pool)
+        return SqlPublisher(transport.dialect, transport.config, transport.pool, event)
     if kind == "rabbitmq":
         from bridge.transports.rabbitmq.events import RabbitMQPublisher
         from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
 
         assert isinstance(transport, RabbitTransport)
-        return RabbitMQPublisher(transport.config, connection)
+        return RabbitMQPublisher(transport.config, connection, event)
     raise UsageError(f"connection {connection!r} ({kind}) cannot publish events")
 
 

@@ -30,7 +30,7 @@ from urllib.parse import quote
 from bridge.envelope import Envelope
 from bridge.errors import TransportUnavailable
 from bridge.nservicebus.delays import refuse_delays
-from bridge.nservicebus.events import OBJECT, exchange_name, topics_of
+from bridge.nservicebus.events import OBJECT, exchange_name, published, topics_of
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.admin import run_declaration
 from bridge.transports.rabbitmq.config import RabbitMQConnection, describe
@@ -106,7 +106,9 @@ class RabbitMQPublisher:
     every message (an event no queue takes is confirmed and dropped, as NServiceBus's is). An
     event to be delivered later raises `MessageRejected`: NServiceBus does not delay a publish."""
 
-    def __init__(self, config: RabbitMQConnection, name: str) -> None:
+    def __init__(self, config: RabbitMQConnection, name: str, event: str | None = None) -> None:
+        #: The type of an event that names none (`published`): the one its route carries.
+        self._event = event
         self._where = f"{describe(name)}, publish"
         self._link = link(config, name, "sink", self._where, confirm=True)
         self._declared: set[tuple[str, ...]] = set()
@@ -118,6 +120,7 @@ class RabbitMQPublisher:
             return
         now = time.time()
         refuse_delays(envelopes, now, self._where)  # NServiceBus does not delay a publish
+        envelopes = [published(envelope, self._event) for envelope in envelopes]
         messages, _ = encode_batch(envelopes, now, self._link.frame_max)
         routes: list[tuple[str, str] | None] = []
         for envelope in envelopes:

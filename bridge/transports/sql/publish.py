@@ -2,7 +2,8 @@
 
 Guarantees
     For each event, the topics of its type (`NServiceBus.EnclosedMessageTypes`' full names, then
-    `System.Object`) are looked up in the connection's subscription table (`SELECT DISTINCT
+    `System.Object`; for an event that names no type, the type its route carries, `event`, which
+    its copies then name) are looked up in the connection's subscription table (`SELECT DISTINCT
     QueueAddress ... WHERE Topic IN`, `subscriptions.py`), and one copy is inserted into each
     address's queue table; every copy of every event of a `send` in one transaction, which
     returns only after COMMIT. A lookup is kept `CACHE_FOR` seconds, as the transport caches it
@@ -30,7 +31,7 @@ from functools import partial
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.nservicebus.delays import refuse_delays
-from bridge.nservicebus.events import topics_of
+from bridge.nservicebus.events import published, topics_of
 from bridge.protocols import Checkpoint
 from bridge.transports.sql.addresses import address_key, canonical_address
 from bridge.transports.sql.config import SqlConnection
@@ -47,8 +48,15 @@ CACHE_FOR = 5.0
 
 
 class SqlPublisher:
-    def __init__(self, dialect: Dialect, config: SqlConnection, pool: Pool | None = None) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: SqlConnection,
+        pool: Pool | None = None,
+        event: str | None = None,
+    ) -> None:
         self._dialect = dialect
+        self._event = event
         self._config = config
         self._connection = Connection(dialect, pool=pool)
         self._table = SubscriptionTable(dialect, config.subscription_table, self._connection)
@@ -89,7 +97,8 @@ class SqlPublisher:
         where = f"{self._dialect.describe()}: publish"
         outgoing, send_params = self._dialect.layout.outgoing, self._dialect.send_params
         rows: dict[str, list[Sequence[object]]] = {}
-        for index, envelope in enumerate(envelopes):
+        for index, received in enumerate(envelopes):
+            envelope = published(received, self._event)
             topics = tuple(topics_of(envelope.headers))
             addresses = self._subscribers(db, topics, time.monotonic())
             for address, native_id in zip(addresses, new_ids(len(addresses)), strict=True):

@@ -1,0 +1,115 @@
+"""The sinks that publish events (`SqlPublisher`, `RabbitMQPublisher`), on real PostgreSQL and
+RabbitMQ, without a bridge process: what each copy carries and where it goes.
+
+NServiceBus facts pinned here, from their source:
+- a publish sends one copy per subscriber address with `NServiceBus.MessageIntent = Publish`
+  (Particular/NServiceBus.SqlServer@214c4e8f src/NServiceBus.Transport.Sql.Shared/Sending/
+  MulticastToUnicastConverter.cs:14-26; NServiceBus's publish sets the intent before the
+  transport sees the message);
+- the subscribers are looked up by the topics of the event's types (PolymorphicSubscriptionStore
+  .cs:17-57), which a record produced to an event's topic by a producer without NServiceBus
+  does not name: the route's event type stands for them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pika
+import pytest
+
+from bridge.config.loader import load_config
+from bridge.config.models import BridgeConfig
+from bridge.envelope import Envelope, Headers
+from bridge.service.subscriptions import publisher
+from bridge.transports import load
+from bridge.transports.sql.subscriptions import SubscriptionTable
+from tests.conftest import unique
+
+pytestmark = pytest.mark.integration
+
+ENCLOSED = "NServiceBus.EnclosedMessageTypes"
+INTENT = "NServiceBus.MessageIntent"
+
+
+def config_of(tmp_path: Path, dsn: str, schema: str, url: str) -> BridgeConfig:
+    path = tmp_path / "routes.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              pg: {{type: postgresql, dsn: "{dsn}", schema: "{schema}"}}
+              rabbit: {{type: rabbitmq, url: "{url}"}}
+              kafka: {{type: kafka, bootstrap_servers: "127.0.0.1:1"}}
+            endpoints:
+              Inventory: {{connection: kafka}}
+              Billing:
+                connection: pg
+                subscribes: [{{event: Inv.StockChanged, publisher: Inventory}}]
+            """
+        )
+    )
+    return load_config(path).config
+
+
+async def received(transport: object, queue: str) -> list[Envelope]:
+    source = transport.source(queue)  # type: ignore[attr-defined]
+    try:
+        batch = await source.receive_batch(10, 1.0)
+        async with batch:
+            await batch.commit()
+            return list(batch.messages)
+    finally:
+        await source.close()
+
+
+async def test_sql_publishes_a_record_that_names_no_type_as_its_routes_event(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str
+) -> None:
+    config = config_of(tmp_path, pg_dsn, pg_schema, rabbitmq_url)
+    event = unique("Inv.StockChanged_")
+    pg = load("pg", config.connections["pg"])
+    await pg.install(["Billing"])
+    table = SubscriptionTable(pg.dialect, "SubscriptionRouting")  # type: ignore[attr-defined]
+    await table.create()
+    await table.subscribe("Billing", f'"{pg_schema}"."Billing"', event)
+    await table.close()
+    sink = publisher(config, pg, "pg", event)
+    # A record a Kafka producer without NServiceBus wrote to the event's topic.
+    await sink.send([Envelope(Headers([("NServiceBus.MessageId", "k-1")]), b"{}")])
+    await sink.close()
+    [copy] = await received(pg, "Billing")
+    await pg.close()
+    assert copy.message_id == "k-1"
+    assert copy.headers.get(ENCLOSED) == event  # an NServiceBus subscriber knows what it got
+
+
+async def test_rabbitmq_publishes_a_record_that_names_no_type_to_its_routes_event(
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
+    rabbitmq_url: str,
+    rabbitmq_queues: Callable[..., str],
+) -> None:
+    config = config_of(tmp_path, pg_dsn, pg_schema, rabbitmq_url)
+    queue = rabbitmq_queues("subscriber")
+    event = f"{queue}.StockChanged"
+    exchange = f"{queue}:StockChanged"
+    rabbit = load("rabbit", config.connections["rabbit"])
+    await rabbit.install([queue])
+    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    channel = connection.channel()
+    channel.exchange_declare(exchange, "fanout", durable=True)
+    channel.exchange_bind(queue, exchange, "")
+    try:
+        sink = publisher(config, rabbit, "rabbit", event)
+        await sink.send([Envelope(Headers([("NServiceBus.MessageId", "k-2")]), b"{}")])
+        await sink.close()
+        [copy] = await received(rabbit, queue)
+        assert copy.headers.get(ENCLOSED) == event
+    finally:
+        channel.exchange_delete(exchange)
+        connection.close()
+        await rabbit.close()
