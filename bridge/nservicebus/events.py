@@ -95,13 +95,14 @@ def topics_of(headers: Headers) -> list[str]:
 
 
 def published(envelope: Envelope, event: str | None = None) -> Envelope:
-    """The copy of `envelope` a publisher sends: when it names no type, `event`'s (the event
-    its route carries) in `NServiceBus.EnclosedMessageTypes`, so that subscribers are found by
-    it and an NServiceBus subscriber knows what it got."""
-    if not event or (envelope.headers.get(ENCLOSED_TYPES) or "").strip():
-        return envelope
+    """The copy of `envelope` a publisher sends: `NServiceBus.MessageIntent = Publish`, as every
+    published copy carries (whatever the record said, or nothing); when it names no type,
+    `event`'s (the event its route carries) in `NServiceBus.EnclosedMessageTypes`, so that
+    subscribers are found by it and an NServiceBus subscriber knows what it got."""
     headers = envelope.headers.copy()
-    headers.set(ENCLOSED_TYPES, event)
+    headers.set(MESSAGE_INTENT, PUBLISH)
+    if event and not (headers.get(ENCLOSED_TYPES) or "").strip():
+        headers.set(ENCLOSED_TYPES, event)
     return dataclasses.replace(envelope, headers=headers)
 
 

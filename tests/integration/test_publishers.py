@@ -77,13 +77,18 @@ async def test_sql_publishes_a_record_that_names_no_type_as_its_routes_event(
     await table.subscribe("Billing", f'"{pg_schema}"."Billing"', event)
     await table.close()
     sink = publisher(config, pg, "pg", event)
-    # A record a Kafka producer without NServiceBus wrote to the event's topic.
+    # A record a Kafka producer without NServiceBus wrote to the event's topic, and one a
+    # producer marked as a send: each copy is a publish.
+    sent = Headers([("NServiceBus.MessageId", "k-0"), (INTENT, "Send"), (ENCLOSED, event)])
     await sink.send([Envelope(Headers([("NServiceBus.MessageId", "k-1")]), b"{}")])
+    await sink.send([Envelope(sent, b"{}")])
     await sink.close()
-    [copy] = await received(pg, "Billing")
+    copy, other = await received(pg, "Billing")
     await pg.close()
-    assert copy.message_id == "k-1"
+    assert (copy.message_id, other.message_id) == ("k-1", "k-0")
+    assert other.headers.get(INTENT) == "Publish"
     assert copy.headers.get(ENCLOSED) == event  # an NServiceBus subscriber knows what it got
+    assert copy.headers.get(INTENT) == "Publish"
 
 
 async def test_rabbitmq_publishes_a_record_that_names_no_type_to_its_routes_event(
@@ -109,6 +114,7 @@ async def test_rabbitmq_publishes_a_record_that_names_no_type_to_its_routes_even
         await sink.close()
         [copy] = await received(rabbit, queue)
         assert copy.headers.get(ENCLOSED) == event
+        assert copy.headers.get(INTENT) == "Publish"
     finally:
         channel.exchange_delete(exchange)
         connection.close()
