@@ -30,6 +30,7 @@ from bridge.nservicebus.events import type_name_problem
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
+    from bridge.config.pubsub import Subscribed
 
 __all__ = [
     "RULES",
@@ -344,6 +345,7 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 )
     pubsub = registry.pubsub
     read = {route.from_.address for route in pubsub.routes()}  # topics of events from Kafka
+    queues = {(p.connection, p.queue): p for p in registry.places()}
     for s in pubsub.subscriptions():
         if not s.native:
             continue
@@ -373,6 +375,8 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 "the events their own topics under `events:`",
                 where,
             )
+        if s.kind in ("kafka", "home"):
+            _event_topic_is_no_queue(s, registry, queues, at, where)
         if "kafka" in kinds or s.kind == "home":
             topic = pubsub.topic(s.event)
             written = s.event in config.events and config.events[s.event].topic
@@ -382,6 +386,38 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"event {s.event!r} (its topic)",
                 at.at(("events", s.event, "topic")) if written else where,
             )
+
+
+def _event_topic_is_no_queue(
+    s: Subscribed,
+    registry: Registry,
+    queues: dict[tuple[str, str], Place],
+    at: Positions,
+    where: str,
+) -> None:
+    """An event's topic on a Kafka connection (where the bridge produces it, or where its
+    publisher does and the bridge reads it) must not be an endpoint's topic or proxy there:
+    events would reach the endpoint as messages, or its messages be published as events."""
+    produced = s.kind == "kafka"
+    connection = registry.home(s.endpoint if produced else s.publisher)
+    topic = registry.pubsub.topic(s.event)
+    found = queues.get((connection, topic))
+    if found is None:
+        return
+    what = "the proxy of endpoint" if found.proxy else "the input topic of endpoint"
+    doing = "sends it to" if produced else "publishes what it reads from"
+    written = registry.config.events.get(s.event)
+    raise ConfigError(
+        f"event {s.event!r}: the bridge {doing} topic {topic!r} on {connection!r}, which is "
+        f"{what} {found.endpoint!r}: "
+        + (
+            "the endpoint would receive the events as messages"
+            if produced
+            else "whatever is sent to the endpoint there would be published as the event too"
+        )
+        + "; give the event a topic of its own under `events:`",
+        at.at(("events", s.event, "topic")) if written and written.topic else where,
+    )
 
 
 def _routes_against_registry(config: BridgeConfig, registry: Registry, at: Positions) -> None:

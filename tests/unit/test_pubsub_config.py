@@ -332,3 +332,42 @@ def test_migrate_refuses_a_route_that_publishes(tmp_path: Path) -> None:
     config.write_text(WRITTEN)
     with pytest.raises(ConfigError, match="publishes events, which `bridge migrate` does not"):
         JobSpec.from_file(str(config), "legacy-stock")
+
+
+@pytest.mark.parametrize(
+    ("events", "message", "where"),
+    [
+        # Sent to Shipping's proxy topic: Shipping would get every OrderPlaced as a message.
+        (
+            f"  {EVENT}: {{topic: Shipping}}\n",
+            f"event {EVENT!r}: the bridge sends it to topic 'Shipping' on 'kafka', which is the "
+            "proxy of endpoint 'Shipping'",
+            "22:39",
+        ),
+        # Read from Inventory's own topic: what is sent to Inventory would be published.
+        (
+            "  Inventory.StockChanged: {topic: Inventory}\n",
+            "event 'Inventory.StockChanged': the bridge publishes what it reads from topic "
+            "'Inventory' on 'kafka', which is the input topic of endpoint 'Inventory'",
+            "22:35",
+        ),
+    ],
+)
+def test_an_event_topic_is_no_endpoints_topic(events: str, message: str, where: str) -> None:
+    text = PUBSUB.replace("  Inventory.StockChanged: {topic: inventory.stock-changed}\n", events)
+    if "Inventory.StockChanged" not in events:
+        text += "  Inventory.StockChanged: {topic: inventory.stock-changed}\n"
+    error = error_of(text)
+    assert message in error
+    assert error.startswith(f"routes.yaml:{where}:"), error
+
+
+def test_a_derived_event_topic_is_no_endpoints_topic() -> None:
+    """An event named like an endpoint (a .NET type without a namespace) gets its topic."""
+    text = PUBSUB.replace(
+        f"Analytics: {{connection: kafka, subscribes: [{{event: {EVENT}",
+        "Analytics: {connection: kafka, subscribes: [{event: Audit",
+    )
+    assert "sends it to topic 'Audit' on 'kafka', which is the input topic of endpoint" in (
+        error_of(text)
+    )
