@@ -359,6 +359,17 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"{s.connection!r} out)",
                 where,
             )
+        if s.kind == "home" and config.connections[s.connection].type == "kafka":
+            topic = pubsub.topic(s.event)
+            raise ConfigError(
+                f"endpoint {s.endpoint!r} on Kafka connection {s.connection!r} subscribes to "
+                f"{s.event!r}, which {s.publisher!r} publishes on Kafka connection "
+                f"{registry.home(s.publisher)!r}: the bridge publishes events on SQL and "
+                f"RabbitMQ connections, and a Kafka subscriber reads the event's topic "
+                f"({topic!r}) where it is produced; copy the topic to {s.connection!r} with a "
+                "written route, or move the subscriber",
+                where,
+            )
         for c in (s.connection, registry.home(s.endpoint), registry.home(s.publisher)):
             model = config.connections[c]
             if model.type == "rabbitmq" and model.topology != "conventional":

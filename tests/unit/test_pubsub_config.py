@@ -371,3 +371,20 @@ def test_a_derived_event_topic_is_no_endpoints_topic() -> None:
     assert "sends it to topic 'Audit' on 'kafka', which is the input topic of endpoint" in (
         error_of(text)
     )
+
+
+def test_a_kafka_subscriber_of_an_event_published_on_another_kafka_connection_is_refused() -> None:
+    text = PUBSUB.replace(
+        '  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}\n',
+        '  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}\n'
+        '  kafka2: {type: kafka, bootstrap_servers: "127.0.0.1:9093"}\n',
+    ).replace(
+        "Stock:\n    connection: pg",
+        "Stock:\n    connection: kafka2",
+    )
+    error = error_of(text)
+    assert (
+        "endpoint 'Stock' on Kafka connection 'kafka2' subscribes to 'Inventory.StockChanged', "
+        "which 'Inventory' publishes on Kafka connection 'kafka'"
+    ) in error
+    assert error.startswith("routes.yaml:20:18:"), error
