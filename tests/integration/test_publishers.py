@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pika
+import psycopg
 import pytest
 
 from bridge.config.loader import load_config
@@ -119,3 +120,37 @@ async def test_rabbitmq_publishes_a_record_that_names_no_type_to_its_routes_even
         channel.exchange_delete(exchange)
         connection.close()
         await rabbit.close()
+
+
+async def test_sql_publishes_to_subscribers_in_other_schemas_of_the_database(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str
+) -> None:
+    """An address names its schema (`"schema"."table"`, PostgreSql/Addressing/QueueAddress.cs:
+    17-42 of Particular/NServiceBus.SqlServer@214c4e8f); the transport sends to it there."""
+    config = config_of(tmp_path, pg_dsn, pg_schema, rabbitmq_url)
+    other = f"{pg_schema}_x"
+    elsewhere = load("pg", config.connections["pg"].model_copy(update={"schema_": other}))
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute(f'CREATE SCHEMA "{other}"')
+    pg = load("pg", config.connections["pg"])
+    try:
+        await pg.install(["Billing", "Stock"])
+        await elsewhere.install(["Audit"])
+        table = SubscriptionTable(pg.dialect, "SubscriptionRouting")  # type: ignore[attr-defined]
+        await table.create()
+        await table.subscribe("Billing", f'"{pg_schema}"."Billing"', "Inv.StockChanged")
+        await table.subscribe("Audit", f'"{other}"."Audit"', "Inv.StockChanged")
+        await table.subscribe("Stock", "Stock", "System.Object")  # the connection's schema
+        await table.close()
+        sink = publisher(config, pg, "pg")
+        headers = Headers([("NServiceBus.MessageId", "k-3"), (ENCLOSED, "Inv.StockChanged, Inv")])
+        await sink.send([Envelope(headers, b"{}")])
+        await sink.close()
+        for transport, queue in ((pg, "Billing"), (elsewhere, "Audit"), (pg, "Stock")):
+            [copy] = await received(transport, queue)
+            assert copy.message_id == "k-3", queue
+    finally:
+        await pg.close()
+        await elsewhere.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as db:
+            db.execute(f'DROP SCHEMA "{other}" CASCADE')
