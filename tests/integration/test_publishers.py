@@ -16,6 +16,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pika
 import psycopg
@@ -28,6 +30,7 @@ from bridge.service.subscriptions import publisher
 from bridge.transports import load
 from bridge.transports.sql.subscriptions import SubscriptionTable
 from tests.conftest import unique
+from tests.support.management import api
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +157,48 @@ async def test_sql_publishes_to_subscribers_in_other_schemas_of_the_database(
         await elsewhere.close()
         with psycopg.connect(pg_dsn, autocommit=True) as db:
             db.execute(f'DROP SCHEMA "{other}" CASCADE')
+
+
+async def test_rabbitmq_chains_the_enclosed_types_and_publishes_without_mandatory(
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
+    rabbitmq_url: str,
+    rabbitmq_queues: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Derived -> Base -> System:Object, as SetupTypeSubscriptions chains a class to its bases,
+    and `mandatory=false` (Particular/NServiceBus.RabbitMQ@ec745bf8 src/NServiceBus.Transport.
+    RabbitMQ/Routing/ConventionalRoutingTopology.cs:54-58, 93-110)."""
+    config = config_of(tmp_path, pg_dsn, pg_schema, rabbitmq_url)
+    ns = rabbitmq_queues("ns")
+    derived, base = f"{ns}.Express", f"{ns}.Placed"
+    mandatory: list[bool] = []
+    publish = pika.channel.Channel.basic_publish
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        mandatory.append(kwargs.get("mandatory", False))  # the bridge passes it by name
+        return publish(self, *args, **kwargs)
+
+    monkeypatch.setattr(pika.channel.Channel, "basic_publish", recorded)
+    rabbit = load("rabbit", config.connections["rabbit"])
+    sink = publisher(config, rabbit, "rabbit")
+    headers = Headers([("NServiceBus.MessageId", "k-4"), (ENCLOSED, f"{derived}, E;{base}, E")])
+    try:
+        await sink.send([Envelope(headers, b"{}")])  # nobody subscribes: dropped, not returned
+        assert mandatory == [False]
+        assert bindings(f"{ns}:Express") == [("exchange", f"{ns}:Placed", "")]
+        assert bindings(f"{ns}:Placed") == [("exchange", "System:Object", "")]
+    finally:
+        await sink.close()
+        await rabbit.close()
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        channel = connection.channel()
+        for exchange in (f"{ns}:Express", f"{ns}:Placed"):
+            channel.exchange_delete(exchange)
+        connection.close()
+
+
+def bindings(exchange: str) -> list[tuple[str, str, str]]:
+    found = api("GET", f"exchanges/%2F/{quote(exchange, safe='')}/bindings/source")
+    return sorted((b["destination_type"], b["destination"], b["routing_key"]) for b in found)

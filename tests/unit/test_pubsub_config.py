@@ -260,16 +260,32 @@ async def test_print_sql_prints_the_subscription_tables(
     )
 
 
-def test_a_publisher_without_types_binds_the_event_to_every_type_it_encloses() -> None:
+def test_a_publisher_without_types_chains_the_types_it_encloses() -> None:
+    """As SetupTypeSubscriptions chains a class to its base, and that to its own
+    (Particular/NServiceBus.RabbitMQ@ec745bf8 src/NServiceBus.Transport.RabbitMQ/Routing/
+    ConventionalRoutingTopology.cs:93-110)."""
     declared = [d.text for d in publish_declarations(["Sales.Express", "Sales.Placed", OBJECT])]
     assert declared == [
         "exchange.declare exchange='Sales:Express' type=fanout durable=true",
         "exchange.declare exchange='Sales:Placed' type=fanout durable=true",
         "exchange.bind 'Sales:Placed' to 'Sales:Express' routing_key=''",
         "exchange.declare exchange='System:Object' type=fanout durable=true",
-        "exchange.bind 'System:Object' to 'Sales:Express' routing_key=''",
+        "exchange.bind 'System:Object' to 'Sales:Placed' routing_key=''",
     ]
-    # A subscription binds the subscribed type's exchange to the subscriber's, IEvent as Object.
+
+
+def test_a_subscription_binds_the_event_as_the_messaging_bridge_subscribes() -> None:
+    """The Messaging Bridge subscribes with a run-time type whose base is System.Object
+    (Particular/NServiceBus.MessagingBridge@ef463cf src/NServiceBus.MessagingBridge/
+    RuntimeTypeGenerator.cs:57-81, SubscriptionManager.cs:37-49); the transport sets up the
+    type's exchanges, then binds the subscriber (ConventionalRoutingTopology.cs:29-36)."""
+    assert [d.text for d in subscribe_declarations("Sales.Placed", "Shipping")] == [
+        "exchange.declare exchange='Sales:Placed' type=fanout durable=true",
+        "exchange.declare exchange='System:Object' type=fanout durable=true",
+        "exchange.bind 'System:Object' to 'Sales:Placed' routing_key=''",
+        "exchange.bind 'Shipping' to 'Sales:Placed' routing_key=''",
+    ]
+    # IEvent is System.Object, which has no base (:32, :95).
     assert [d.text for d in subscribe_declarations("NServiceBus.IEvent", "Shipping")] == [
         "exchange.declare exchange='System:Object' type=fanout durable=true",
         "exchange.bind 'Shipping' to 'System:Object' routing_key=''",
