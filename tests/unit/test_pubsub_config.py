@@ -404,3 +404,18 @@ def test_a_kafka_subscriber_of_an_event_published_on_another_kafka_connection_is
         "which 'Inventory' publishes on Kafka connection 'kafka'"
     ) in error
     assert error.startswith("routes.yaml:20:18:"), error
+
+
+async def test_unsubscribing_a_kafka_subscriber_keeps_the_binding_others_share() -> None:
+    """Analytics and Audit receive OrderPlaced on Kafka through one binding, to Analytics'
+    proxy exchange: unsubscribing either by hand must not cut the other off."""
+    from bridge.service.subscriptions import change
+
+    config = config_of(
+        PUBSUB.replace("Sales:     {connection: pg}", "Sales:     {connection: rabbit}")
+    )
+    for endpoint in ("Audit", "Analytics"):
+        said = await change(config, endpoint, EVENT, subscribe=False)  # connects to nothing
+        assert said.startswith(f"rabbit: kept the binding of {EVENT} to 'Analytics': "), said
+        other = "Analytics" if endpoint == "Audit" else "Audit"
+        assert f"{other} also receive(s) it" in said
