@@ -26,7 +26,7 @@ from bridge.config.places import place
 from bridge.config.registry import Place, Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
-from bridge.nservicebus.events import type_name_problem
+from bridge.nservicebus.events import exchange_name, type_name_problem
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
@@ -372,6 +372,14 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
             )
         for c in (s.connection, registry.home(s.endpoint), registry.home(s.publisher)):
             model = config.connections[c]
+            exchange = exchange_name(s.event)
+            if model.type == "rabbitmq" and len(exchange.encode()) > 255:
+                raise ConfigError(
+                    f"event {s.event!r} crosses RabbitMQ connection {c!r}, where its exchange "
+                    f"{exchange!r} would be {len(exchange.encode())} bytes in UTF-8; RabbitMQ "
+                    "takes 255",
+                    where,
+                )
             if model.type == "rabbitmq" and model.topology != "conventional":
                 raise ConfigError(
                     f"endpoint {s.endpoint!r} subscribes to {s.event!r} across RabbitMQ "

@@ -47,20 +47,22 @@ PUBLISH = "Publish"
 OBJECT = "System.Object"
 _CONTROL = ("subscribe", "unsubscribe")
 
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*(?:`[0-9]+)?"
+#: A C# identifier: a letter or `_`, then letters, digits or `_`, in any script (C# takes
+#: Unicode letters: `Ventes.CommandePassée`); a generic type's arity after a backtick.
+_IDENTIFIER = r"[^\W\d]\w*(?:`[0-9]+)?"
 #: A .NET full name as written in routes.yaml: namespaces, the type, nested types after `+`.
-_FULL_NAME = re.compile(rf"^{_IDENTIFIER}(?:\.{_IDENTIFIER})*(?:\+{_IDENTIFIER})*$")
+_FULL_NAME = re.compile(rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*(?:\+{_IDENTIFIER})*")
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9._-]")
 MAX_TOPIC = 249
 
 
 def type_name_problem(name: str) -> str | None:
     """Why `name` is not a .NET full type name (`Sales.Messages.OrderPlaced`), or None."""
-    if not _FULL_NAME.match(name):
+    if not _FULL_NAME.fullmatch(name):
         return (
             f"event {name!r} is not a .NET full type name: namespaces and the type name, "
             "separated by '.' (nested types after '+'), each a letter or '_' followed by "
-            "letters, digits or '_'"
+            "letters, digits or '_' (a generic type's arity after '`': List`1)"
         )
     if len(name) > 200:
         return f"event {name[:40]!r}... is {len(name)} characters; SubscriptionRouting holds 200"

@@ -205,6 +205,15 @@ def test_type_names_topics_and_exchanges() -> None:
     assert type_name_problem("Sales.Outer+Inner") is None
     assert type_name_problem("Sales.Generic`1") is None
     assert type_name_problem("Sales..Bad") is not None
+    assert type_name_problem("Sales.Order\n") is not None
+    # C# identifiers are Unicode letters, digits and '_', not starting with a digit (C# spec,
+    # lexical structure, identifiers); generic arity after a backtick, nested types after '+'.
+    for name in ("Ventes.CommandePassée", "Склад.Отгружено", "営業.注文済み", "Sales._Ünder"):
+        assert type_name_problem(name) is None, name
+    assert type_name_problem("Sales.List`1+Node") is None
+    for name in ("Sales.1st", "Sales.Order-Placed", "Sales.Order Placed", "Sales.€uro"):
+        assert type_name_problem(name) is not None, name
+    assert kafka_topic("Ventes.CommandePassée", {}) == "Ventes.CommandePass_e"
     assert exchange_name("Sales.Messages.OrderPlaced") == "Sales.Messages:OrderPlaced"
     assert exchange_name("Sales.Outer+Inner") == "Sales:Inner"
     assert exchange_name("System.Object") == "System:Object"
@@ -419,3 +428,12 @@ async def test_unsubscribing_a_kafka_subscriber_keeps_the_binding_others_share()
         assert said.startswith(f"rabbit: kept the binding of {EVENT} to 'Analytics': "), said
         other = "Analytics" if endpoint == "Audit" else "Audit"
         assert f"{other} also receive(s) it" in said
+
+
+def test_an_exchange_name_must_fit_rabbitmq() -> None:
+    long = "Склад." + "Ж" * 150  # 156 characters; its exchange `Склад:ЖЖ...` 311 bytes
+    text = PUBSUB.replace(
+        f"Shipping:  {{connection: rabbit, subscribes: [{{event: {EVENT}",
+        f"Shipping:  {{connection: rabbit, subscribes: [{{event: {long}",
+    )
+    assert "would be 311 bytes in UTF-8; RabbitMQ takes 255" in error_of(text)
