@@ -124,9 +124,10 @@ class RouteRunner:
         self._probe = probe
         self._rules = rules or RouteRules(route)
         # A proxy's route drops control messages and counts events, as the Messaging Bridge's
-        # proxies see them; a written route forwards whatever it takes, uncounted.
-        self._proxy = isinstance(route, DerivedRoute)
-        self._counts_events = self._proxy or route.publish
+        # proxies see them; so does a route that publishes (a Subscribe is no event to publish);
+        # any other written route forwards whatever it takes, uncounted.
+        self._drops_control = isinstance(route, DerivedRoute) or route.publish
+        self._counts_events = self._drops_control
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
@@ -295,7 +296,7 @@ class RouteRunner:
         now = time.time()
         originals = [e for e in batch.messages if e.expires_at is None or e.expires_at > now]
         expired = batch.expired + len(batch.messages) - len(originals)
-        if self._proxy:
+        if self._drops_control:
             originals = self._without_control(originals)
         refused: list[BaseException] = []
         with self.tracing.batch(originals):
