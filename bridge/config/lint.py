@@ -83,6 +83,13 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
+#: Why pub/sub stops at a connection of NGinn tables, for the refusals that say so.
+_NGINN_PUBSUB = (
+    "NGinn publishers read `NGinnMessageBus_Subscriptions`, not `SubscriptionRouting`; events "
+    "published elsewhere reach an NGinn endpoint through its proxies"
+)
+
+
 def _publishes(
     config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
 ) -> None:
@@ -99,6 +106,12 @@ def _publishes(
         raise ConfigError(
             f"publish: connection {to.connection!r} is {connection.type}, where events are not "
             "published; publish on a SQL or RabbitMQ connection",
+            at.at((*path, "publish")),
+        )
+    if getattr(connection, "layout", None) == "nginn":
+        raise ConfigError(
+            f"publish: connection {to.connection!r} holds NGinn tables, whose subscriptions the "
+            f"bridge does not read yet ({_NGINN_PUBSUB}); publish on an NServiceBus connection",
             at.at((*path, "publish")),
         )
     if getattr(connection, "topology", "conventional") != "conventional":
@@ -357,6 +370,14 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on "
                 f"{s.connection!r}, where it has no proxy (`proxies: connections` leaves "
                 f"{s.connection!r} out)",
+                where,
+            )
+        if getattr(config.connections[s.connection], "layout", None) == "nginn":
+            raise ConfigError(
+                f"endpoint {s.endpoint!r} subscribes to {s.event!r}, whose subscription the "
+                f"bridge would make on {s.connection!r}, a connection of NGinn tables: the bridge "
+                f"does not write NGinn's subscriptions yet ({_NGINN_PUBSUB}), so the events "
+                "would never come",
                 where,
             )
         if s.kind == "home" and config.connections[s.connection].type == "kafka":

@@ -437,3 +437,47 @@ def test_an_exchange_name_must_fit_rabbitmq() -> None:
         f"Shipping:  {{connection: rabbit, subscribes: [{{event: {long}",
     )
     assert "would be 311 bytes in UTF-8; RabbitMQ takes 255" in error_of(text)
+
+
+NGINN = """\
+connections:
+  ng:     {type: sqlite, path: /tmp/ng.db, layout: nginn, nginn: {alias: ng, timezone: UTC}}
+  rabbit: {type: rabbitmq, url: "amqp://127.0.0.1/"}
+  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+endpoints:
+  Legacy:    {connection: ng}
+  Warehouse: {connection: rabbit}
+  Inventory: {connection: kafka}
+"""
+
+
+@pytest.mark.parametrize(
+    ("subscriber", "where"),
+    [
+        # An NGinn publisher: its subscribers are rows of NGinn's own subscription table.
+        ("  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}", 9),
+        # A Kafka publisher's event published on the NGinn connection of its subscriber.
+        ("  Books: {connection: ng, subscribes: [{event: I.Stock, publisher: Inventory}]}", 9),
+    ],
+)
+def test_pub_sub_that_needs_nginns_subscription_table_is_refused(
+    subscriber: str, where: int
+) -> None:
+    """NGinn publishers read `NGinnMessageBus_Subscriptions` (publisher_endpoint,
+    subscriber_endpoint, message_type: lafar6502/nginn-messagebus@1fa4baf NGinnBPM.MessageBus/
+    Impl/SqlSubscriptionService.cs:63-101), which the bridge does not write: a
+    SubscriptionRouting row there would never be read, and the events never come."""
+    error = error_of(NGINN + subscriber + "\n")
+    assert "a connection of NGinn tables: the bridge does not write NGinn's subscriptions" in error
+    assert error.startswith(f"routes.yaml:{where}:"), error
+    # An NGinn subscriber of an event published on RabbitMQ: its proxy there subscribes.
+    config_of(
+        NGINN
+        + "  Books: {connection: ng, subscribes: [{event: W.Shipped, publisher: Warehouse}]}\n"
+    )
+    written = NGINN.split("endpoints:")[0] + (
+        "routes:\n"
+        "  - {name: p, from: {connection: kafka, topic: t, group: g}, to: {connection: ng}, "
+        "publish: true}\n"
+    )
+    assert "holds NGinn tables, whose subscriptions the bridge does not read" in error_of(written)
