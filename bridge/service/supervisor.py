@@ -27,7 +27,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import BridgeConfig, DerivedRoute, Route
+from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, Route
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -96,7 +96,8 @@ class Supervisor:
                     group=route.from_.group,
                     error_queue=route.error_queue_name,
                 )
-                return source, publisher(config, sink_transport, route.to.connection)
+                event = route.event if isinstance(route, EventRoute) else None
+                return source, publisher(config, sink_transport, route.to.connection, event)
             if route.from_.connection == route.to.connection:
                 source = source_transport.source(
                     route.from_.address, error_queue=self.config.error_queue_of(route)

@@ -180,14 +180,17 @@ class Link:
         *,
         timeout: float | None = None,
         routes: Routes = None,
+        mandatory: bool = True,
     ) -> PublishOutcome:
-        """Publish `messages`; their confirms within `timeout` (default `confirm_timeout`)."""
+        """Publish `messages`; their confirms within `timeout` (default `confirm_timeout`).
+        `mandatory=False` (a publish of events): a message no queue takes is dropped, not
+        returned."""
         if not self._confirm:
             raise TypeError("publish needs a link opened with confirm=True")
         session = await self._open()
 
         def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
-            session.publish(channel, done, exchange, routing_key, messages, routes)
+            session.publish(channel, done, exchange, routing_key, messages, routes, mandatory)
 
         deadline = self.confirm_timeout if timeout is None else timeout
         outcome: PublishOutcome = await self._wait(

@@ -206,7 +206,8 @@ class Session:
         routing_key: str,
         messages: Sequence[Message],
         routes: Routes = None,
+        mandatory: bool = True,
     ) -> None:
         """On the ioloop thread: publish `messages` with confirms (see `confirms.py`)."""
-        if self.confirms.publish(channel, done, exchange, routing_key, messages, routes):
+        if self.confirms.publish(channel, done, exchange, routing_key, messages, routes, mandatory):
             coalesce_writes(self._connection)
