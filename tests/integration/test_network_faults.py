@@ -3,7 +3,8 @@ its service through a fault proxy of its own (tests/support/faultproxy.py) while
 coming, and the test makes the network misbehave:
 
 - `pg-source`: PostgreSQL queue table -> SQLite, through the PostgreSQL proxy;
-- `rabbitmq-sink`: SQLite -> RabbitMQ queue, through the RabbitMQ proxy;
+- `rabbitmq-sink`: SQLite -> RabbitMQ queue, and `rabbitmq-source`: another RabbitMQ queue ->
+  SQLite, through the RabbitMQ proxy;
 - `kafka-sink`: SQLite -> Kafka topic, and `kafka-source`: that topic -> SQLite, through the
   Kafka proxy (the private broker advertises the proxy's address, so every connection of the
   Kafka clients goes through it).
@@ -44,9 +45,11 @@ import pytest
 
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
+from bridge.errors import TransportUnavailable
 from bridge.protocols import Transport
 from bridge.transports import load
 from bridge.transports.kafka.config import KafkaConnection
+from bridge.transports.rabbitmq.config import RabbitMQConnection
 from bridge.transports.sql.chain import CHAIN
 from bridge.transports.sql.config import PostgresConnection
 from tests.conftest import unique
@@ -58,11 +61,11 @@ from tests.support.queues import drain
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BATCH = 50
-ROUTES = ("pg-source", "rabbitmq-sink", "kafka-sink", "kafka-source")
+ROUTES = ("pg-source", "rabbitmq-sink", "rabbitmq-source", "kafka-sink", "kafka-source")
 #: The SQLite queues, each in a file of its own: SQLite has one writer per file, and a source's
 #: transaction stays open while its batch is sent, so a route whose send stalls would hold up
 #: every route writing the same file (which would then notice the outage late, in turn).
-LITE = ("from_pg", "to_rabbit", "to_kafka", "from_kafka")
+LITE = ("from_pg", "to_rabbit", "from_rabbit", "to_kafka", "from_kafka")
 #: Seconds from the network's return to every route running and moving again.
 RECOVERY = 30.0
 #: What the test itself adds to a measured time: polling /routes, a scheduler, a busy machine.
@@ -82,7 +85,7 @@ class Timeouts:
         """The longest a route may take to notice, by its settings."""
         if route == "pg-source":
             return self.response_timeout + 0.5  # the watchdog looks twice a second
-        if route == "rabbitmq-sink":
+        if route in ("rabbitmq-sink", "rabbitmq-source"):
             return 2 * (self.heartbeat + 5)
         if route == "kafka-sink":
             return self.request_timeout_ms / 1000  # the produce request in flight
@@ -182,6 +185,12 @@ class Network:
         ends = {
             "pg-source": ("pg", f"queue: {names['pg']}", "lite_from_pg", "from_pg"),
             "rabbitmq-sink": ("lite_to_rabbit", "queue: " + names["to_rabbit"], "rabbit", "rabbit"),
+            "rabbitmq-source": (
+                "rabbit",
+                "queue: " + names["rabbit_in"],
+                "lite_from_rabbit",
+                "from_rabbit",
+            ),
             "kafka-sink": ("lite_to_kafka", "queue: " + names["to_kafka"], "kafka", "topic"),
             "kafka-source": (
                 "kafka",
@@ -232,59 +241,65 @@ class Network:
 async def network(
     tmp: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str, timeouts: Timeouts
 ) -> AsyncIterator[
-    tuple[Network, BridgeProcess, dict[str, Producer], dict[str, Transport], Transport]
+    tuple[Network, BridgeProcess, dict[str, Producer], dict[str, Transport], dict[str, Transport]]
 ]:
     """Proxies, a private Kafka broker behind its proxy, the routes installed, a running
-    bridge, producers writing into the three sources (the PostgreSQL one not through the
-    proxy; the Kafka source reads what the Kafka sink writes)."""
+    bridge, producers writing into the four sources (the PostgreSQL and RabbitMQ ones not
+    through the proxy: `direct`; the Kafka source reads what the Kafka sink writes)."""
     net = Network(tmp, pg_dsn, pg_schema, rabbitmq_url, timeouts)
     net.names = {
         "pg": unique("Pg"),
         "from_pg": unique("FromPg"),
         "to_rabbit": unique("ToRabbit"),
         "rabbit": unique("net"),
+        "rabbit_in": unique("netin"),
+        "from_rabbit": unique("FromRabbit"),
         "to_kafka": unique("ToKafka"),
         "topic": unique("net"),
         "group": unique("g"),
         "from_kafka": unique("FromKafka"),
     }
     kafka_port = free_port()
-    with (
-        FaultProxy("127.0.0.1", 5432) as net.proxies["pg"],
-        FaultProxy("127.0.0.1", 5672) as net.proxies["rabbit"],
-        FaultProxy("127.0.0.1", kafka_port) as net.proxies["kafka"],
-        LocalKafka(kafka_port, advertised=net.proxies["kafka"].address),
-    ):
-        config = net.write_config()
-        await asyncio.to_thread(run_to_end, config, "install")
-        connections = load_config(config).config.connections
-        lite = {key: load(key, connections[f"lite_{key}"]) for key in LITE}
-        direct = load(
-            "direct",
-            PostgresConnection.model_validate(
-                {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}
-            ),
-        )
-        producers = {
-            "pg-source": Producer(direct, net.names["pg"]),
-            "rabbitmq-sink": Producer(lite["to_rabbit"], net.names["to_rabbit"]),
-            "kafka": Producer(lite["to_kafka"], net.names["to_kafka"]),
-        }
-        try:
-            with BridgeProcess(config, "run").start() as bridge:
+    try:
+        with (
+            FaultProxy("127.0.0.1", 5432) as net.proxies["pg"],
+            FaultProxy("127.0.0.1", 5672) as net.proxies["rabbit"],
+            FaultProxy("127.0.0.1", kafka_port) as net.proxies["kafka"],
+            LocalKafka(kafka_port, advertised=net.proxies["kafka"].address),
+        ):
+            config = net.write_config()
+            await asyncio.to_thread(run_to_end, config, "install")
+            connections = load_config(config).config.connections
+            lite = {key: load(key, connections[f"lite_{key}"]) for key in LITE}
+            pg = {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}
+            rabbit = {"type": "rabbitmq", "url": rabbitmq_url}
+            direct = {
+                "pg": load("direct", PostgresConnection.model_validate(pg)),
+                "rabbit": load("direct", RabbitMQConnection.model_validate(rabbit)),
+            }
+            producers = {
+                "pg-source": Producer(direct["pg"], net.names["pg"]),
+                "rabbitmq-sink": Producer(lite["to_rabbit"], net.names["to_rabbit"]),
+                "rabbitmq-source": Producer(direct["rabbit"], net.names["rabbit_in"]),
+                "kafka": Producer(lite["to_kafka"], net.names["to_kafka"]),
+            }
+            try:
+                with BridgeProcess(config, "run").start() as bridge:
+                    for producer in producers.values():
+                        producer.start()
+                    await until(lambda: net.all_moving({}), 60, "every route moving at start")
+                    yield net, bridge, producers, lite, direct
+            finally:
                 for producer in producers.values():
-                    producer.start()
-                await until(lambda: net.all_moving({}), 60, "every route moving at start")
-                yield net, bridge, producers, lite, direct
-        finally:
-            for producer in producers.values():
-                await producer.stop()
-            await direct.close()
-            for transport in lite.values():
-                await transport.close()
-            with rabbit_channel(rabbitmq_url) as channel:
-                channel.queue_delete(net.names["rabbit"])
-                channel.exchange_delete(net.names["rabbit"])
+                    with contextlib.suppress(Exception):  # one that failed has said so
+                        await producer.stop()
+                for transport in [*direct.values(), *lite.values()]:
+                    await transport.close()
+    finally:
+        with rabbit_channel(rabbitmq_url) as channel:
+            for queue in (net.names["rabbit"], net.names["rabbit_in"]):
+                channel.queue_delete(queue)
+                channel.exchange_delete(queue)
 
 
 def run_to_end(config: Path, *args: str) -> None:
@@ -318,7 +333,7 @@ async def finish(
     bridge: BridgeProcess,
     producers: dict[str, Producer],
     lite: dict[str, Transport],
-    direct: Transport,
+    direct: dict[str, Transport],
 ) -> dict[str, tuple[set[str], list[str]]]:
     """Stop the producers, let the bridge move everything, stop it; per route group, what was
     sent and what arrived."""
@@ -327,12 +342,13 @@ async def finish(
 
     async def everything_moved() -> bool:
         depths = [
-            (await direct.peek(names["pg"])).depth,
+            (await direct["pg"].peek(names["pg"])).depth,
             (await lite["to_rabbit"].peek(names["to_rabbit"])).depth,
+            (await direct["rabbit"].peek(names["rabbit_in"])).depth,
             (await lite["to_kafka"].peek(names["to_kafka"])).depth,
         ]
         arrived = (await lite["from_kafka"].peek(names["from_kafka"])).depth
-        return depths == [0, 0, 0] and arrived >= len(sent["kafka"])
+        return depths == [0, 0, 0, 0] and arrived >= len(sent["kafka"])
 
     await until(everything_moved, 120, "everything delivered")
     assert bridge.stop() == 0, bridge.output()
@@ -341,6 +357,10 @@ async def finish(
         "rabbitmq-sink": (
             sent["rabbitmq-sink"],
             await asyncio.to_thread(rabbit_ids, net.rabbitmq_url, names["rabbit"]),
+        ),
+        "rabbitmq-source": (
+            sent["rabbitmq-source"],
+            await ids(lite["from_rabbit"], names["from_rabbit"]),
         ),
         "kafka": (sent["kafka"], await ids(lite["from_kafka"], names["from_kafka"])),
     }
@@ -352,10 +372,16 @@ async def ids(transport: Transport, queue: str) -> list[str]:
 
 #: Duplicates allowed per route group: what was in flight. A SQLite source keeps up to CHAIN
 #: batches in one transaction; Kafka -> SQLite is exactly-once (the stored positions).
-BOUNDS = {"pg-source": 2 * BATCH, "rabbitmq-sink": CHAIN * BATCH, "kafka": CHAIN * BATCH}
+BOUNDS = {
+    "pg-source": 2 * BATCH,
+    "rabbitmq-sink": CHAIN * BATCH,
+    "rabbitmq-source": 2 * BATCH,
+    "kafka": CHAIN * BATCH,
+}
 CASES = {
     "pg-source": "pg->sqlite",
     "rabbitmq-sink": "sqlite->rabbitmq",
+    "rabbitmq-source": "rabbitmq->sqlite",
     "kafka": "sqlite->kafka->sqlite",
 }
 
@@ -412,6 +438,8 @@ async def test_a_60_s_blackhole_of_every_service(
         await until(each_recovered, RECOVERY, "every route running and moving again")
         assert await net.readyz() == 200
         delivered = await finish(net, bridge, producers, lite, direct)
+        # A connection attempt given up after `connect_timeout` fails later on its own thread.
+        assert "never retrieved" not in bridge.output(), bridge.output()
 
     def times(route: str) -> str:
         return f"noticed {noticed[route]:.1f} s, recovered {recovered[route]:.1f} s"
@@ -419,6 +447,7 @@ async def test_a_60_s_blackhole_of_every_service(
     labels = {
         "pg-source": times("pg-source"),
         "rabbitmq-sink": times("rabbitmq-sink"),
+        "rabbitmq-source": times("rabbitmq-source"),
         "kafka": f"sink {times('kafka-sink')}; source {times('kafka-source')}",
     }
     for group, (sent, got) in delivered.items():
@@ -602,6 +631,43 @@ async def test_a_kafka_source_is_not_held_up_by_commits_the_broker_does_not_answ
             proxy.heal()
         finally:
             await transport.close()
+
+
+async def test_a_rabbitmq_source_raises_when_its_idle_connection_is_lost(rabbitmq_url: str) -> None:
+    """An idle consumer has no call in progress for a lost connection to fail: the receive
+    waiting on it ends with `TransportUnavailable` at once (the route backs off, `/readyz`
+    503), rather than returning empty and reconnecting (into a silent network: waiting out
+    `connect_timeout` with the route still `running`)."""
+    queue = unique("lost")
+    with FaultProxy("127.0.0.1", 5672) as proxy:
+        config = RabbitMQConnection.model_validate(
+            {
+                "type": "rabbitmq",
+                "url": f"amqp://guest:guest@{proxy.address}/%2F",
+                "queue_type": "classic",
+                "management_url": "http://guest:guest@127.0.0.1:15672",
+            }
+        )
+        transport = load("rabbit", config)
+        try:
+            await transport.install([queue])
+            source = transport.source(queue)
+            await (await source.receive_batch(10, 0.2)).commit()  # consuming, nothing there
+            proxy.reset()
+            started = time.monotonic()
+            with pytest.raises(TransportUnavailable):
+                await source.receive_batch(10, 10.0)
+            took = time.monotonic() - started
+            assert took < 5.0, f"the lost connection was reported after {took:.1f} s"
+            await transport.sink(queue).send([message(1)])
+            batch = await source.receive_batch(10, 10.0)  # consumes on a new connection
+            assert [m.message_id for m in batch.messages] == ["id-1"]
+            await batch.commit()
+        finally:
+            await transport.close()
+            with rabbit_channel(rabbitmq_url) as channel:
+                channel.queue_delete(queue)
+                channel.exchange_delete(queue)
 
 
 def message(i: int) -> Envelope:
