@@ -253,6 +253,11 @@ def _status(reply: bytes) -> int:
         (b"GET /healthz HTTP/1.1\r\n: no name\r\nno colon\r\n\r\n", 200),
         (b"GET /healthz HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
         (b"POST /healthz HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
+        # digits to str.isdigit() (superscripts, read as Latin-1) that int() refuses
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: 1\xb9\r\n\r\n", 400),
+        # more digits than int() reads (4300): too large, not a failure
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),
         (b"POST /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 405),
         (b"GET /healthz HTTP/1.0\r\n\r\n", 200),
         (b"GET /healthz HTTP/2.0\r\n\r\n", 400),  # a version it does not speak: not a 505
