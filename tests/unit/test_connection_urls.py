@@ -189,13 +189,24 @@ DSN_REFUSED_AT_CONNECT = [
 ]
 
 
-#: A CA to verify the server with, and an sslmode that lets libpq go on without TLS: the
-#: downgrade the bridge never makes silently.
+#: A CA to verify the server with, and an sslmode that lets libpq go on without TLS or without
+#: checking the host name: the downgrade the bridge never makes silently.
 DSN_DOWNGRADABLE = [
     ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem", "but no sslmode (libpq's default"),
     ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem&sslmode=prefer", "but sslmode=prefer"),
     ("host=db password=pa55 sslrootcert=/ca.pem sslmode=allow", "but sslmode=allow connects"),
     ("host=db password=pa55 sslrootcert=/ca.pem sslmode=disable", "never uses TLS"),
+    # A CA named, and a host name left unchecked: any certificate of that CA would do.
+    (
+        "host=db password=pa55 sslrootcert=/ca.pem sslmode=verify-ca",
+        "sslmode=verify-ca checks the certificate's chain but not the server's host name: "
+        "write sslmode=verify-full",
+    ),
+    (
+        "postgresql://app:pa55@db/shop?sslrootcert=/ca.pem&sslmode=require",
+        "sslmode=require checks the certificate's chain (libpq treats require with a root "
+        "certificate as verify-ca) but not the server's host name",
+    ),
 ]
 
 
@@ -204,8 +215,7 @@ DSN_DOWNGRADABLE = [
     [
         "postgresql://postgres@127.0.0.1:5432/test",
         "postgresql://app@db/shop?sslmode=verify-full&sslrootcert=/ca.pem",
-        "host=db sslmode=verify-ca sslrootcert=/ca.pem",
-        "host=db sslmode=require sslrootcert=/ca.pem",  # libpq then verifies the chain
+        "host=db sslmode=require",  # no CA named: encryption without verification, as asked
         "host=db port=5432,5433 user=app password='p a s s' sslmode=verify-full",
         "postgres://app:pa55@db/shop?connect_timeout=5&application_name=x",
         "",

@@ -281,22 +281,35 @@ _DOWNGRADING = ("disable", "allow", "prefer")
 
 
 def _downgrade_problems(sslmode: str | None) -> Iterator[str]:
-    """A DSN that names the CA to verify the server with, and lets libpq go on without TLS."""
+    """A DSN that names the CA to verify the server with, and an sslmode under which libpq goes
+    on without TLS, or verifies the chain but not the host name (`require`, which libpq with a
+    root certificate treats as `verify-ca`, and `verify-ca`): anyone holding a certificate of
+    that CA for another host could stand in for the server. Naming a CA asks for verification,
+    and `verify-full` is the mode that verifies."""
     said = f"sslmode={sslmode}" if sslmode else None
     if sslmode is None:
         environ = os.environ.get("PGSSLMODE")  # libpq's default for a DSN without sslmode
         sslmode = environ or "prefer"
         said = f"PGSSLMODE={environ}" if environ else "no sslmode (libpq's default: prefer)"
+    if sslmode == "verify-full":
+        return
     if sslmode in _DOWNGRADING:
         does = (
             "never uses TLS"
             if sslmode == "disable"
             else ("connects without TLS to a server that does not offer it")
         )
-        yield (
-            f"dsn: sslrootcert names a CA to verify the server with, but {said} {does}: write "
-            "sslmode=verify-full (verify-ca does not check the host name)"
+    elif sslmode == "require":
+        does = (
+            "checks the certificate's chain (libpq treats require with a root certificate as "
+            "verify-ca) but not the server's host name"
         )
+    else:
+        does = "checks the certificate's chain but not the server's host name"
+    yield (
+        f"dsn: sslrootcert names a CA to verify the server with, but {said} {does}: write "
+        "sslmode=verify-full"
+    )
 
 
 #: A `password=` value and the word after it (part of the password when it has an unquoted
