@@ -273,3 +273,43 @@ def test_the_management_api_trusts_the_cas_of_the_urls_ssl_options(
 ) -> None:
     """As pika reads them (`ca_certs` before `cafile`), for the API's https context."""
     assert ca_locations(url) == found
+
+
+def check_warnings(connection: str) -> list[str]:
+    text = f"connections:\n  c: {connection}\nroutes: []\n"
+    return parse_config(text, env={}).warnings
+
+
+@pytest.mark.parametrize(
+    ("connection", "at"),
+    [
+        ('{type: rabbitmq, url: "amqp://h/%2F", heartbeat: 0}', "2:55"),
+        ('{type: rabbitmq, url: "amqp://h/%2F?heartbeat=0"}', "2:28"),
+    ],
+)
+def test_a_heartbeat_of_0_is_warned_about(connection: str, at: str) -> None:
+    """Without a heartbeat an idle RabbitMQ source never notices a silent network."""
+    (warning,) = check_warnings(connection)
+    assert warning.startswith(f"routes.yaml:{at}: warning: connection 'c': heartbeat 0 turns")
+    assert "an idle source never notices a network that falls silent" in warning
+
+
+def test_a_connect_timeout_of_0_is_warned_about() -> None:
+    """libpq reads connect_timeout=0 as no limit: opening a connection would wait for ever."""
+    dsn = "postgresql://app@db/shop?connect_timeout=0"
+    (warning,) = check_warnings(f'{{type: postgresql, dsn: "{dsn}"}}')
+    assert warning.startswith("routes.yaml:2:30: warning: connection 'c': dsn: connect_timeout=0")
+    assert "wait for ever on a silent network" in warning
+
+
+@pytest.mark.parametrize(
+    "connection",
+    [
+        '{type: rabbitmq, url: "amqp://h/%2F", heartbeat: 5}',
+        '{type: rabbitmq, url: "amqp://h/%2F?heartbeat=10"}',
+        '{type: postgresql, dsn: "postgresql://app@db/shop?connect_timeout=5"}',
+        '{type: postgresql, dsn: "postgresql://app@db/shop"}',
+    ],
+)
+def test_timeouts_that_notice_a_silent_network_are_not_warned_about(connection: str) -> None:
+    assert check_warnings(connection) == []

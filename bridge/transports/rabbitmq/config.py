@@ -159,6 +159,23 @@ def lint(config: RabbitMQConnection) -> Iterator[Problem]:
         yield from _lint_management_url(config.management_url, amqps)
 
 
+def warnings(config: RabbitMQConnection) -> Iterator[Problem]:
+    """Settings that work but leave a silent network unnoticed: `heartbeat` 0 (in the url or
+    as the key) turns the AMQP heartbeat off, and only it notices a connection that falls
+    silent while a source waits for deliveries (or a sink for a broker that blocked it)."""
+    try:
+        given = parse_qs(urlsplit(config.url).query).get("heartbeat")
+    except ValueError:  # lint said so
+        return
+    key, value = ("url", given[-1].strip()) if given else ("heartbeat", str(config.heartbeat))
+    if value == "0":
+        yield (
+            key,
+            "heartbeat 0 turns the AMQP heartbeat off: an idle source never notices a network "
+            "that falls silent (it waits for deliveries for ever); give it a number of seconds",
+        )
+
+
 def _lint_management_url(url: str, amqps: bool) -> Iterator[Problem]:
     """The management API is HTTP (as NServiceBus RabbitMQ requires, ManagementClient.cs:43-46),
     over TLS when AMQP is: the API's basic authentication would otherwise carry in clear the

@@ -188,6 +188,27 @@ def lint(connection: SqlConnection) -> Iterator[Problem]:
     yield from nginn_problems(connection)
 
 
+def warnings(connection: SqlConnection) -> Iterator[Problem]:
+    """Settings that work but leave a silent network unnoticed: a PostgreSQL DSN whose
+    `connect_timeout` is 0 (or less), with which libpq waits for ever to open a connection
+    (the bridge's own default, when the DSN names none, is 10 s)."""
+    if not isinstance(connection, PostgresConnection) or _UNSET in connection.dsn:
+        return
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        value = str(conninfo_to_dict(connection.dsn).get("connect_timeout", "")).strip()
+        seconds = int(value) if value else None
+    except Exception:  # psycopg missing, or a DSN that lint refuses
+        return
+    if seconds is not None and seconds <= 0:
+        yield (
+            "dsn",
+            f"dsn: connect_timeout={value} lets opening a connection wait for ever on a silent "
+            "network (libpq reads 0 as no limit); leave it out (10 s) or give it seconds",
+        )
+
+
 def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
     """`nginn` given without `layout: nginn` or missing with it, a time zone that is no IANA
     zone, an alias that leaves no room in NGinn's 50-character endpoint columns."""
