@@ -532,7 +532,7 @@ async def test_twenty_outages_leak_nothing(
     """Resets, one-way cuts (the half-open connection: one side still hears the other) and
     latency, 20 in a row against every service at once: after each, every route runs and moves
     again; at the end nothing is lost, and the process holds about what it held after the
-    first (no thread, connection or memory that grows with the outages)."""
+    first round of kinds (no thread, connection or memory that grows with the outages)."""
     async with network(tmp_path, pg_dsn, pg_schema, rabbitmq_url, SHORT_TIMEOUTS) as (
         net,
         bridge,
@@ -562,9 +562,11 @@ async def test_twenty_outages_leak_nothing(
             )
             worst[outage.name] = max(worst.get(outage.name, 0.0), took)
             footprints.append(Footprint.of(bridge.pid, net))
-        first, last = footprints[0], footprints[-1]
+        # After a whole round of kinds, every kind has opened what it opens (pools fill up to
+        # their size as traffic needs): from then on, the footprint must stay put.
+        first, last = footprints[len(ROUND) - 1], footprints[-1]
         delivered = await finish(net, bridge, producers, lite, direct)
-    print(f"\nafter outage 1: {first}\nafter outage {OUTAGES}: {last}")
+    print(f"\nafter outage {len(ROUND)}: {first}\nafter outage {OUTAGES}: {last}")
     print("resident MiB after each: " + " ".join(f"{f.rss_mib:.0f}" for f in footprints))
     for name, by in noticed.items():
         print(f"{name}: noticed by {', '.join(sorted(by)) or 'none'}")
@@ -576,14 +578,16 @@ async def test_twenty_outages_leak_nothing(
     for group, (sent, got) in delivered.items():
         case = (
             f"{CASES[group]}, {OUTAGES} outages: moving again within {max(worst.values()):.1f} s;"
-            f" outage 1 -> {OUTAGES}: {kept}"
+            f" outage {len(ROUND)} -> {OUTAGES}: {kept}"
         )
         report(case, sent, got, OUTAGES * BOUNDS[group])  # each outage may catch a batch
-    # Pools fill up to their size as traffic needs, so a few more is not a leak; one per outage is.
-    assert last.threads <= first.threads + 5, f"threads: {first} -> {last}"
-    assert last.fds <= first.fds + 10, f"file descriptors: {first} -> {last}"
-    assert last.proxied <= first.proxied + 5, f"connections: {first} -> {last}"
-    assert last.rss_mib <= first.rss_mib + 40, f"memory: {first} -> {last}"
+    # Fifteen more outages, each kind three more times: a leak of one per outage (or per kind)
+    # would be 15 (or 3) more. A little room: a connection or thread may be mid-reconnect when
+    # looked at.
+    assert last.threads <= first.threads + 2, f"threads: {first} -> {last}"
+    assert last.fds <= first.fds + 3, f"file descriptors: {first} -> {last}"
+    assert last.proxied <= first.proxied + 1, f"connections: {first} -> {last}"
+    assert last.rss_mib <= first.rss_mib + 30, f"memory: {first} -> {last}"
 
 
 class NoPositions:
