@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RULES",
     "SECRET_KEYS",
+    "connection_warnings",
     "credential_warnings",
     "is_secret",
     "lint",
@@ -516,6 +517,17 @@ def registry_warnings(config: BridgeConfig, at: Positions) -> list[str]:
                     f"{connection!r} hosts no endpoint, yet gets a proxy and a route for every "
                     "endpoint; list the connections that take part in `proxies: connections`"
                 )
+    return out
+
+
+def connection_warnings(config: BridgeConfig, at: Positions) -> list[str]:
+    """Connection settings that work but that a transport's `warnings` advises against."""
+    out = []
+    for name, connection in config.connections.items():
+        advise = getattr(RULES[connection.type], "warnings", None)
+        for key, problem in advise(connection) if advise is not None else ():
+            path: tuple[str | int, ...] = ("connections", name, *key.split("."))
+            out.append(f"{at.at(path)}: warning: connection {name!r}: {problem}")
     return out
 
 
