@@ -26,15 +26,17 @@ from bridge.config.places import place
 from bridge.config.registry import Place, Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
-from bridge.nservicebus.events import type_name_problem
+from bridge.nservicebus.events import exchange_name, type_name_problem
 from bridge.transports.sql.config import KINDS as SQL_KINDS
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
+    from bridge.config.pubsub import Subscribed
 
 __all__ = [
     "RULES",
     "SECRET_KEYS",
+    "connection_warnings",
     "credential_warnings",
     "is_secret",
     "lint",
@@ -83,6 +85,13 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
+#: Why pub/sub stops at a connection of NGinn tables, for the refusals that say so.
+_NGINN_PUBSUB = (
+    "NGinn publishers read `NGinnMessageBus_Subscriptions`, not `SubscriptionRouting`; events "
+    "published elsewhere reach an NGinn endpoint through its proxies"
+)
+
+
 def _publishes(
     config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
 ) -> None:
@@ -99,6 +108,12 @@ def _publishes(
         raise ConfigError(
             f"publish: connection {to.connection!r} is {connection.type}, where events are not "
             "published; publish on a SQL or RabbitMQ connection",
+            at.at((*path, "publish")),
+        )
+    if getattr(connection, "layout", None) == "nginn":
+        raise ConfigError(
+            f"publish: connection {to.connection!r} holds NGinn tables, whose subscriptions the "
+            f"bridge does not read yet ({_NGINN_PUBSUB}); publish on an NServiceBus connection",
             at.at((*path, "publish")),
         )
     if getattr(connection, "topology", "conventional") != "conventional":
@@ -362,6 +377,7 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 )
     pubsub = registry.pubsub
     read = {route.from_.address for route in pubsub.routes()}  # topics of events from Kafka
+    queues = {(p.connection, p.queue): p for p in registry.places()}
     for s in pubsub.subscriptions():
         if not s.native:
             continue
@@ -375,8 +391,35 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"{s.connection!r} out)",
                 where,
             )
+        if getattr(config.connections[s.connection], "layout", None) == "nginn":
+            raise ConfigError(
+                f"endpoint {s.endpoint!r} subscribes to {s.event!r}, whose subscription the "
+                f"bridge would make on {s.connection!r}, a connection of NGinn tables: the bridge "
+                f"does not write NGinn's subscriptions yet ({_NGINN_PUBSUB}), so the events "
+                "would never come",
+                where,
+            )
+        if s.kind == "home" and config.connections[s.connection].type == "kafka":
+            topic = pubsub.topic(s.event)
+            raise ConfigError(
+                f"endpoint {s.endpoint!r} on Kafka connection {s.connection!r} subscribes to "
+                f"{s.event!r}, which {s.publisher!r} publishes on Kafka connection "
+                f"{registry.home(s.publisher)!r}: the bridge publishes events on SQL and "
+                f"RabbitMQ connections, and a Kafka subscriber reads the event's topic "
+                f"({topic!r}) where it is produced; copy the topic to {s.connection!r} with a "
+                "written route, or move the subscriber",
+                where,
+            )
         for c in (s.connection, registry.home(s.endpoint), registry.home(s.publisher)):
             model = config.connections[c]
+            exchange = exchange_name(s.event)
+            if model.type == "rabbitmq" and len(exchange.encode()) > 255:
+                raise ConfigError(
+                    f"event {s.event!r} crosses RabbitMQ connection {c!r}, where its exchange "
+                    f"{exchange!r} would be {len(exchange.encode())} bytes in UTF-8; RabbitMQ "
+                    "takes 255",
+                    where,
+                )
             if model.type == "rabbitmq" and model.topology != "conventional":
                 raise ConfigError(
                     f"endpoint {s.endpoint!r} subscribes to {s.event!r} across RabbitMQ "
@@ -391,6 +434,8 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 "the events their own topics under `events:`",
                 where,
             )
+        if s.kind in ("kafka", "home"):
+            _event_topic_is_no_queue(s, registry, queues, at, where)
         if "kafka" in kinds or s.kind == "home":
             topic = pubsub.topic(s.event)
             written = s.event in config.events and config.events[s.event].topic
@@ -400,6 +445,38 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"event {s.event!r} (its topic)",
                 at.at(("events", s.event, "topic")) if written else where,
             )
+
+
+def _event_topic_is_no_queue(
+    s: Subscribed,
+    registry: Registry,
+    queues: dict[tuple[str, str], Place],
+    at: Positions,
+    where: str,
+) -> None:
+    """An event's topic on a Kafka connection (where the bridge produces it, or where its
+    publisher does and the bridge reads it) must not be an endpoint's topic or proxy there:
+    events would reach the endpoint as messages, or its messages be published as events."""
+    produced = s.kind == "kafka"
+    connection = registry.home(s.endpoint if produced else s.publisher)
+    topic = registry.pubsub.topic(s.event)
+    found = queues.get((connection, topic))
+    if found is None:
+        return
+    what = "the proxy of endpoint" if found.proxy else "the input topic of endpoint"
+    doing = "sends it to" if produced else "publishes what it reads from"
+    written = registry.config.events.get(s.event)
+    raise ConfigError(
+        f"event {s.event!r}: the bridge {doing} topic {topic!r} on {connection!r}, which is "
+        f"{what} {found.endpoint!r}: "
+        + (
+            "the endpoint would receive the events as messages"
+            if produced
+            else "whatever is sent to the endpoint there would be published as the event too"
+        )
+        + "; give the event a topic of its own under `events:`",
+        at.at(("events", s.event, "topic")) if written and written.topic else where,
+    )
 
 
 def _routes_against_registry(config: BridgeConfig, registry: Registry, at: Positions) -> None:
@@ -458,6 +535,17 @@ def registry_warnings(config: BridgeConfig, at: Positions) -> list[str]:
                     f"{connection!r} hosts no endpoint, yet gets a proxy and a route for every "
                     "endpoint; list the connections that take part in `proxies: connections`"
                 )
+    return out
+
+
+def connection_warnings(config: BridgeConfig, at: Positions) -> list[str]:
+    """Connection settings that work but that a transport's `warnings` advises against."""
+    out = []
+    for name, connection in config.connections.items():
+        advise = getattr(RULES[connection.type], "warnings", None)
+        for key, problem in advise(connection) if advise is not None else ():
+            path: tuple[str | int, ...] = ("connections", name, *key.split("."))
+            out.append(f"{at.at(path)}: warning: connection {name!r}: {problem}")
     return out
 
 

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from bridge.config.lint import (
+    connection_warnings,
     credential_warnings,
     is_secret,
     lint,
@@ -349,6 +350,7 @@ def parse_config(
     lint(config, positions)
     warnings = builder.notes + credential_warnings(builder.raw, positions, builder.env)
     warnings += route_warnings(config, positions) + registry_warnings(config, positions)
+    warnings += connection_warnings(config, positions)
     return LoadedConfig(config, positions, builder.used, warnings)
 
 

@@ -9,7 +9,8 @@ Facts (messaging-bridge.md §2):
   first; without .NET types, a message's topics are each entry's full name (the text before the
   first comma) and `System.Object`, which every class derives from (PolymorphicSubscriptionStore.cs:
   45-57 of Particular/NServiceBus.SqlServer@214c4e8f walks the base types up to it, then the
-  interfaces);
+  interfaces); a message that names no type (a record a producer without NServiceBus wrote to
+  an event's topic) is of the type its route reads (`published`), and its copies say so;
 - the SQL transports' topic is the type's full name (TopicNames.cs:7), RabbitMQ's exchange
   `Namespace:Name` (ConventionalRoutingTopology.cs:19 of Particular/NServiceBus.RabbitMQ@ec745bf8);
 - this project's Kafka convention: an event goes once to the topic of its type, the `events:`
@@ -19,10 +20,11 @@ Facts (messaging-bridge.md §2):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 
-from bridge.envelope import Headers
+from bridge.envelope import Envelope, Headers
 
 __all__ = [
     "ENCLOSED_TYPES",
@@ -34,6 +36,7 @@ __all__ = [
     "is_control",
     "is_published",
     "kafka_topic",
+    "published",
     "topics_of",
     "type_name_problem",
 ]
@@ -44,20 +47,22 @@ PUBLISH = "Publish"
 OBJECT = "System.Object"
 _CONTROL = ("subscribe", "unsubscribe")
 
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*(?:`[0-9]+)?"
+#: A C# identifier: a letter or `_`, then letters, digits or `_`, in any script (C# takes
+#: Unicode letters: `Ventes.CommandePassée`); a generic type's arity after a backtick.
+_IDENTIFIER = r"[^\W\d]\w*(?:`[0-9]+)?"
 #: A .NET full name as written in routes.yaml: namespaces, the type, nested types after `+`.
-_FULL_NAME = re.compile(rf"^{_IDENTIFIER}(?:\.{_IDENTIFIER})*(?:\+{_IDENTIFIER})*$")
+_FULL_NAME = re.compile(rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*(?:\+{_IDENTIFIER})*")
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9._-]")
 MAX_TOPIC = 249
 
 
 def type_name_problem(name: str) -> str | None:
     """Why `name` is not a .NET full type name (`Sales.Messages.OrderPlaced`), or None."""
-    if not _FULL_NAME.match(name):
+    if not _FULL_NAME.fullmatch(name):
         return (
             f"event {name!r} is not a .NET full type name: namespaces and the type name, "
             "separated by '.' (nested types after '+'), each a letter or '_' followed by "
-            "letters, digits or '_'"
+            "letters, digits or '_' (a generic type's arity after '`': List`1)"
         )
     if len(name) > 200:
         return f"event {name[:40]!r}... is {len(name)} characters; SubscriptionRouting holds 200"
@@ -89,6 +94,18 @@ def topics_of(headers: Headers) -> list[str]:
     if OBJECT not in names:
         names.append(OBJECT)
     return names
+
+
+def published(envelope: Envelope, event: str | None = None) -> Envelope:
+    """The copy of `envelope` a publisher sends: `NServiceBus.MessageIntent = Publish`, as every
+    published copy carries (whatever the record said, or nothing); when it names no type,
+    `event`'s (the event its route carries) in `NServiceBus.EnclosedMessageTypes`, so that
+    subscribers are found by it and an NServiceBus subscriber knows what it got."""
+    headers = envelope.headers.copy()
+    headers.set(MESSAGE_INTENT, PUBLISH)
+    if event and not (headers.get(ENCLOSED_TYPES) or "").strip():
+        headers.set(ENCLOSED_TYPES, event)
+    return dataclasses.replace(envelope, headers=headers)
 
 
 def exchange_name(full_name: str) -> str:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from bridge.config.models import DerivedRoute, Route
 from bridge.envelope import Envelope
 from bridge.errors import BridgeError, MessageRejected, MessagesRejected
-from bridge.nservicebus.events import is_control, is_published, topics_of
+from bridge.nservicebus.events import is_control, is_published, published, topics_of
 from bridge.protocols import Readiness, ReceivedBatch, Sink, Source
 from bridge.routing.receiver import Receiver
 from bridge.routing.retry import Backoff
@@ -124,9 +124,10 @@ class RouteRunner:
         self._probe = probe
         self._rules = rules or RouteRules(route)
         # A proxy's route drops control messages and counts events, as the Messaging Bridge's
-        # proxies see them; a written route forwards whatever it takes, uncounted.
-        self._proxy = isinstance(route, DerivedRoute)
-        self._counts_events = self._proxy or route.publish
+        # proxies see them; so does a route that publishes (a Subscribe is no event to publish);
+        # any other written route forwards whatever it takes, uncounted.
+        self._drops_control = isinstance(route, DerivedRoute) or route.publish
+        self._counts_events = self._drops_control
         self._stopping = asyncio.Event()
         self._busy = 0
         self._not_ready: set[int] = set(range(route.concurrency))
@@ -295,7 +296,7 @@ class RouteRunner:
         now = time.time()
         originals = [e for e in batch.messages if e.expires_at is None or e.expires_at > now]
         expired = batch.expired + len(batch.messages) - len(originals)
-        if self._proxy:
+        if self._drops_control:
             originals = self._without_control(originals)
         refused: list[BaseException] = []
         with self.tracing.batch(originals):
@@ -330,11 +331,12 @@ class RouteRunner:
         return kept
 
     def _count_events(self, envelopes: list[Envelope]) -> None:
-        published = self.stats.published
+        counts = self.stats.published
+        carried = getattr(self.route, "event", None)  # an event route's type, for untyped records
         for envelope in envelopes:
-            if is_published(envelope.headers):
-                event = topics_of(envelope.headers)[0]
-                published[event] = published.get(event, 0) + 1
+            if self.route.publish or is_published(envelope.headers):
+                event = topics_of(published(envelope, carried).headers)[0]
+                counts[event] = counts.get(event, 0) + 1
                 self.metrics.published(event)
 
     def _log_error_queue(

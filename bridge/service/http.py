@@ -23,7 +23,8 @@ query string is ignored. One request per connection (HTTP/1.0 style: the reply c
 A probe must answer while clients misbehave, so a connection is held to limits:
 `HEAD_SECONDS` to send its request line and headers (a slowloris client that trickles them is
 cut off), `MAX_REQUEST_LINE` bytes of request line (414) and `MAX_HEAD` bytes of request line
-and headers (431), a body of at most `MAX_BODY` bytes (read and dropped, 413 beyond), and
+and headers (431), a body of at most `MAX_BODY` bytes (read and dropped, 413 beyond; a
+Content-Length that is not ASCII digits is 400), and
 `MAX_CONNECTIONS` connections at once (a thread each): at that many, a new connection takes the
 place of the one that has waited longest for its headers, so slow clients cannot hold every
 thread and the probes still get through.
@@ -81,6 +82,8 @@ MAX_REQUEST_LINE = 8 * 1024
 MAX_HEAD = 32 * 1024
 #: Bytes of request body read and dropped (none of these paths takes one) before 413.
 MAX_BODY = 64 * 1024
+#: Digits of a Content-Length read at most: more is a length over any `MAX_BODY` (413).
+MAX_LENGTH_DIGITS = 18
 #: Connections served at once, a thread each.
 MAX_CONNECTIONS = 64
 
@@ -323,10 +326,13 @@ class HealthServer:
                 length = self.headers.get("Content-Length")
                 if length is None:
                     return True
-                if not length.strip().isdigit():
+                digits = length.strip()
+                # ASCII only: str.isdigit() takes "²" too, which int() refuses; and no more
+                # digits than any real length has (int() refuses over 4300 of them).
+                if not (digits.isascii() and digits.isdigit()):
                     self.send_error(400, "Content-Length is not a number")
                     return False
-                size = int(length)
+                size = int(digits) if len(digits) <= MAX_LENGTH_DIGITS else MAX_BODY + 1
                 if size > MAX_BODY:
                     self.send_error(413, f"a body over {MAX_BODY} bytes")
                     return False

@@ -5,8 +5,10 @@
 NServiceBus's own are: an upsert of the SubscriptionRouting row on SQL (`transports/sql/
 subscriptions.py`, the table created first when missing), the event's exchange declared and bound
 to the queue's on RabbitMQ (`transports/rabbitmq/events.py`). `change` subscribes or unsubscribes
-one endpoint by hand (`bridge subscribe` / `bridge unsubscribe`); the bridge never unsubscribes
-on its own. `state` reads what each side holds, for `bridge endpoints --connect`.
+one endpoint by hand (`bridge subscribe` / `bridge unsubscribe`; on RabbitMQ a Kafka subscriber's
+binding, which every Kafka subscriber of the event shares, stays while another uses it); the
+bridge never unsubscribes on its own. `state` reads what each side holds, for `bridge endpoints
+--connect`.
 
 Sinks that publish (`publisher`) and the sink of a Kafka carrier's route (`EventTopics`) are made
 here too, so the supervisor asks one place how a derived route's events go.
@@ -124,9 +126,27 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
     s = _find(config, endpoint, event)
     if not s.native:
         return f"{endpoint} lives with its publisher on {s.connection!r}: it subscribes itself"
+    kind = config.connections[s.connection].type
+    sharing = [
+        other.endpoint
+        for other in config.registry.pubsub.subscriptions()
+        if other.kind == "kafka"
+        and (other.connection, other.queue, other.event) == (s.connection, s.queue, s.event)
+        and other.endpoint != endpoint
+    ]
+    if not subscribe and kind == "rabbitmq" and sharing:
+        # One binding carries the event to Kafka for every Kafka subscriber: it stays while
+        # another uses it.
+        topic = config.registry.pubsub.topic(event)
+        return (
+            f"{s.connection}: kept the binding of {event} to {s.queue!r}: "
+            f"{', '.join(sharing)} also receive(s) it through it (an event goes to Kafka once, "
+            f"to topic {topic!r}); {endpoint} stops receiving it when it no longer reads that "
+            "topic (remove it from its `subscribes:`)"
+        )
     transport = load(s.connection, config.connections[s.connection])
     try:
-        await _apply(transport, config.connections[s.connection].type, [s], subscribe=subscribe)
+        await _apply(transport, kind, [s], subscribe=subscribe)
     finally:
         await transport.close()
     return f"{s.connection}: {describe(s, subscribe=subscribe)}"
@@ -202,21 +222,24 @@ async def _rabbitmq_state(
     return out
 
 
-def publisher(config: BridgeConfig, transport: Transport, connection: str) -> Sink:
-    """The sink that publishes events on `connection` as NServiceBus publishers do."""
+def publisher(
+    config: BridgeConfig, transport: Transport, connection: str, event: str | None = None
+) -> Sink:
+    """The sink that publishes events on `connection` as NServiceBus publishers do; a message
+    that names no type is taken to be an `event` (its route's: `EventRoute.event`)."""
     kind = config.connections[connection].type
     if kind in SQL:
         from bridge.transports.sql.publish import SqlPublisher
         from bridge.transports.sql.transport import Transport as SqlTransport
 
         assert isinstance(transport, SqlTransport)
-        return SqlPublisher(transport.dialect, transport.config, transport.pool)
+        return SqlPublisher(transport.dialect, transport.config, transport.pool, event)
     if kind == "rabbitmq":
         from bridge.transports.rabbitmq.events import RabbitMQPublisher
         from bridge.transports.rabbitmq.transport import Transport as RabbitTransport
 
         assert isinstance(transport, RabbitTransport)
-        return RabbitMQPublisher(transport.config, connection)
+        return RabbitMQPublisher(transport.config, connection, event)
     raise UsageError(f"connection {connection!r} ({kind}) cannot publish events")
 
 

@@ -31,7 +31,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import BridgeConfig, DerivedRoute, Route
+from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, Route
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -102,7 +102,8 @@ class Supervisor:
                     group=route.from_.group,
                     error_queue=route.error_queue_name,
                 )
-                return source, publisher(config, sink_transport, route.to.connection)
+                event = route.event if isinstance(route, EventRoute) else None
+                return source, publisher(config, sink_transport, route.to.connection, event)
             source, sink = plain()
             to = route.to
             return source, delaying_sink(

@@ -253,6 +253,11 @@ def _status(reply: bytes) -> int:
         (b"GET /healthz HTTP/1.1\r\n: no name\r\nno colon\r\n\r\n", 200),
         (b"GET /healthz HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
         (b"POST /healthz HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
+        # digits to str.isdigit() (superscripts, read as Latin-1) that int() refuses
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: 1\xb9\r\n\r\n", 400),
+        # more digits than int() reads (4300): too large, not a failure
+        (b"GET /healthz HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),
         (b"POST /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 405),
         (b"GET /healthz HTTP/1.0\r\n\r\n", 200),
         (b"GET /healthz HTTP/2.0\r\n\r\n", 400),  # a version it does not speak: not a 505
@@ -355,7 +360,9 @@ def test_a_client_that_trickles_its_headers_is_cut_off_at_the_deadline(app: App)
             break
         time.sleep(0.3)
     assert len(closed_after) == len(clients)
-    assert min(closed_after) > HEAD_SECONDS - 0.5 and max(closed_after) < HEAD_SECONDS + 2
+    # Cut off at the deadline, not at a per-read timeout (each byte comes within 0.3 s); the
+    # upper bound leaves a busy machine room.
+    assert min(closed_after) > HEAD_SECONDS - 0.5 and max(closed_after) < HEAD_SECONDS + 5
 
 
 def _send(client: socket.socket, data: bytes) -> bool:
@@ -378,5 +385,6 @@ def test_slow_clients_do_not_starve_the_probes(app: App) -> None:
             most_threads = max(most_threads, _threads(app.pid))
             time.sleep(0.2)
         assert attack.reopened > 0  # the server did cut slow connections off
-    assert slowest < 1.0, f"a probe took {slowest:.2f}s"
+    # A starved probe would wait for a slow client's HEAD_SECONDS; a busy machine costs less.
+    assert slowest < 3.0, f"a probe took {slowest:.2f}s"
     assert most_threads <= threads_before + MAX_CONNECTIONS + 16, (threads_before, most_threads)

@@ -189,13 +189,24 @@ DSN_REFUSED_AT_CONNECT = [
 ]
 
 
-#: A CA to verify the server with, and an sslmode that lets libpq go on without TLS: the
-#: downgrade the bridge never makes silently.
+#: A CA to verify the server with, and an sslmode that lets libpq go on without TLS or without
+#: checking the host name: the downgrade the bridge never makes silently.
 DSN_DOWNGRADABLE = [
     ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem", "but no sslmode (libpq's default"),
     ("postgresql://app:pa55@db/shop?sslrootcert=/ca.pem&sslmode=prefer", "but sslmode=prefer"),
     ("host=db password=pa55 sslrootcert=/ca.pem sslmode=allow", "but sslmode=allow connects"),
     ("host=db password=pa55 sslrootcert=/ca.pem sslmode=disable", "never uses TLS"),
+    # A CA named, and a host name left unchecked: any certificate of that CA would do.
+    (
+        "host=db password=pa55 sslrootcert=/ca.pem sslmode=verify-ca",
+        "sslmode=verify-ca checks the certificate's chain but not the server's host name: "
+        "write sslmode=verify-full",
+    ),
+    (
+        "postgresql://app:pa55@db/shop?sslrootcert=/ca.pem&sslmode=require",
+        "sslmode=require checks the certificate's chain (libpq treats require with a root "
+        "certificate as verify-ca) but not the server's host name",
+    ),
 ]
 
 
@@ -204,8 +215,7 @@ DSN_DOWNGRADABLE = [
     [
         "postgresql://postgres@127.0.0.1:5432/test",
         "postgresql://app@db/shop?sslmode=verify-full&sslrootcert=/ca.pem",
-        "host=db sslmode=verify-ca sslrootcert=/ca.pem",
-        "host=db sslmode=require sslrootcert=/ca.pem",  # libpq then verifies the chain
+        "host=db sslmode=require",  # no CA named: encryption without verification, as asked
         "host=db port=5432,5433 user=app password='p a s s' sslmode=verify-full",
         "postgres://app:pa55@db/shop?connect_timeout=5&application_name=x",
         "",
@@ -263,3 +273,43 @@ def test_the_management_api_trusts_the_cas_of_the_urls_ssl_options(
 ) -> None:
     """As pika reads them (`ca_certs` before `cafile`), for the API's https context."""
     assert ca_locations(url) == found
+
+
+def check_warnings(connection: str) -> list[str]:
+    text = f"connections:\n  c: {connection}\nroutes: []\n"
+    return parse_config(text, env={}).warnings
+
+
+@pytest.mark.parametrize(
+    ("connection", "at"),
+    [
+        ('{type: rabbitmq, url: "amqp://h/%2F", heartbeat: 0}', "2:55"),
+        ('{type: rabbitmq, url: "amqp://h/%2F?heartbeat=0"}', "2:28"),
+    ],
+)
+def test_a_heartbeat_of_0_is_warned_about(connection: str, at: str) -> None:
+    """Without a heartbeat an idle RabbitMQ source never notices a silent network."""
+    (warning,) = check_warnings(connection)
+    assert warning.startswith(f"routes.yaml:{at}: warning: connection 'c': heartbeat 0 turns")
+    assert "an idle source never notices a network that falls silent" in warning
+
+
+def test_a_connect_timeout_of_0_is_warned_about() -> None:
+    """libpq reads connect_timeout=0 as no limit: opening a connection would wait for ever."""
+    dsn = "postgresql://app@db/shop?connect_timeout=0"
+    (warning,) = check_warnings(f'{{type: postgresql, dsn: "{dsn}"}}')
+    assert warning.startswith("routes.yaml:2:30: warning: connection 'c': dsn: connect_timeout=0")
+    assert "wait for ever on a silent network" in warning
+
+
+@pytest.mark.parametrize(
+    "connection",
+    [
+        '{type: rabbitmq, url: "amqp://h/%2F", heartbeat: 5}',
+        '{type: rabbitmq, url: "amqp://h/%2F?heartbeat=10"}',
+        '{type: postgresql, dsn: "postgresql://app@db/shop?connect_timeout=5"}',
+        '{type: postgresql, dsn: "postgresql://app@db/shop"}',
+    ],
+)
+def test_timeouts_that_notice_a_silent_network_are_not_warned_about(connection: str) -> None:
+    assert check_warnings(connection) == []

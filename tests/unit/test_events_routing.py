@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from bridge.config.models import DerivedRoute
+from bridge.config.models import DerivedRoute, Route
 from bridge.envelope import Envelope, Headers
 from bridge.errors import MessageRejected, MessagesRejected
 from bridge.protocols import Checkpoint
@@ -85,6 +85,28 @@ async def test_a_proxy_drops_control_messages_and_counts_events_by_type() -> Non
         ("bridge_events_published", "Sales.OrderPlaced"): 1,
         ("bridge_control_messages_dropped", None): 2,
     }
+
+
+async def test_a_written_route_that_publishes_drops_control_messages_too() -> None:
+    """A Subscribe that reaches a topic a written `publish: true` route reads is no event: it
+    is not published to every subscriber (as a proxy drops it, EndpointProxyFactory.cs:72-81)."""
+    transport = Transport(broker=Broker())
+    route = Route.model_validate(
+        {
+            "name": "legacy-stock",
+            "from": {"connection": "a", "queue": unique("legacy")},
+            "to": {"connection": "b", "queue": unique("published")},
+            "publish": True,
+        }
+    )
+    await transport.sink(route.from_.address).send(
+        [message(0, "Subscribe", PLACED), message(1, None, PLACED), message(2, "Unsubscribe")]
+    )
+    runner = runner_for(route, transport)
+    destination = transport.broker.queue(route.to.address)
+    await run_until(runner, lambda: runner.stats.control_dropped == 2 and len(destination) == 1)
+    assert [e.message_id for e in destination] == ["id-1"]  # type: ignore[union-attr]
+    assert runner.stats.published == {"Sales.OrderPlaced": 1}
 
 
 class Recording:

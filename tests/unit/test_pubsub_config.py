@@ -205,6 +205,15 @@ def test_type_names_topics_and_exchanges() -> None:
     assert type_name_problem("Sales.Outer+Inner") is None
     assert type_name_problem("Sales.Generic`1") is None
     assert type_name_problem("Sales..Bad") is not None
+    assert type_name_problem("Sales.Order\n") is not None
+    # C# identifiers are Unicode letters, digits and '_', not starting with a digit (C# spec,
+    # lexical structure, identifiers); generic arity after a backtick, nested types after '+'.
+    for name in ("Ventes.CommandePassée", "Склад.Отгружено", "営業.注文済み", "Sales._Ünder"):
+        assert type_name_problem(name) is None, name
+    assert type_name_problem("Sales.List`1+Node") is None
+    for name in ("Sales.1st", "Sales.Order-Placed", "Sales.Order Placed", "Sales.€uro"):
+        assert type_name_problem(name) is not None, name
+    assert kafka_topic("Ventes.CommandePassée", {}) == "Ventes.CommandePass_e"
     assert exchange_name("Sales.Messages.OrderPlaced") == "Sales.Messages:OrderPlaced"
     assert exchange_name("Sales.Outer+Inner") == "Sales:Inner"
     assert exchange_name("System.Object") == "System:Object"
@@ -260,16 +269,32 @@ async def test_print_sql_prints_the_subscription_tables(
     )
 
 
-def test_a_publisher_without_types_binds_the_event_to_every_type_it_encloses() -> None:
+def test_a_publisher_without_types_chains_the_types_it_encloses() -> None:
+    """As SetupTypeSubscriptions chains a class to its base, and that to its own
+    (Particular/NServiceBus.RabbitMQ@ec745bf8 src/NServiceBus.Transport.RabbitMQ/Routing/
+    ConventionalRoutingTopology.cs:93-110)."""
     declared = [d.text for d in publish_declarations(["Sales.Express", "Sales.Placed", OBJECT])]
     assert declared == [
         "exchange.declare exchange='Sales:Express' type=fanout durable=true",
         "exchange.declare exchange='Sales:Placed' type=fanout durable=true",
         "exchange.bind 'Sales:Placed' to 'Sales:Express' routing_key=''",
         "exchange.declare exchange='System:Object' type=fanout durable=true",
-        "exchange.bind 'System:Object' to 'Sales:Express' routing_key=''",
+        "exchange.bind 'System:Object' to 'Sales:Placed' routing_key=''",
     ]
-    # A subscription binds the subscribed type's exchange to the subscriber's, IEvent as Object.
+
+
+def test_a_subscription_binds_the_event_as_the_messaging_bridge_subscribes() -> None:
+    """The Messaging Bridge subscribes with a run-time type whose base is System.Object
+    (Particular/NServiceBus.MessagingBridge@ef463cf src/NServiceBus.MessagingBridge/
+    RuntimeTypeGenerator.cs:57-81, SubscriptionManager.cs:37-49); the transport sets up the
+    type's exchanges, then binds the subscriber (ConventionalRoutingTopology.cs:29-36)."""
+    assert [d.text for d in subscribe_declarations("Sales.Placed", "Shipping")] == [
+        "exchange.declare exchange='Sales:Placed' type=fanout durable=true",
+        "exchange.declare exchange='System:Object' type=fanout durable=true",
+        "exchange.bind 'System:Object' to 'Sales:Placed' routing_key=''",
+        "exchange.bind 'Shipping' to 'Sales:Placed' routing_key=''",
+    ]
+    # IEvent is System.Object, which has no base (:32, :95).
     assert [d.text for d in subscribe_declarations("NServiceBus.IEvent", "Shipping")] == [
         "exchange.declare exchange='System:Object' type=fanout durable=true",
         "exchange.bind 'Shipping' to 'System:Object' routing_key=''",
@@ -332,3 +357,127 @@ def test_migrate_refuses_a_route_that_publishes(tmp_path: Path) -> None:
     config.write_text(WRITTEN)
     with pytest.raises(ConfigError, match="publishes events, which `bridge migrate` does not"):
         JobSpec.from_file(str(config), "legacy-stock")
+
+
+@pytest.mark.parametrize(
+    ("events", "message", "where"),
+    [
+        # Sent to Shipping's proxy topic: Shipping would get every OrderPlaced as a message.
+        (
+            f"  {EVENT}: {{topic: Shipping}}\n",
+            f"event {EVENT!r}: the bridge sends it to topic 'Shipping' on 'kafka', which is the "
+            "proxy of endpoint 'Shipping'",
+            "22:39",
+        ),
+        # Read from Inventory's own topic: what is sent to Inventory would be published.
+        (
+            "  Inventory.StockChanged: {topic: Inventory}\n",
+            "event 'Inventory.StockChanged': the bridge publishes what it reads from topic "
+            "'Inventory' on 'kafka', which is the input topic of endpoint 'Inventory'",
+            "22:35",
+        ),
+    ],
+)
+def test_an_event_topic_is_no_endpoints_topic(events: str, message: str, where: str) -> None:
+    text = PUBSUB.replace("  Inventory.StockChanged: {topic: inventory.stock-changed}\n", events)
+    if "Inventory.StockChanged" not in events:
+        text += "  Inventory.StockChanged: {topic: inventory.stock-changed}\n"
+    error = error_of(text)
+    assert message in error
+    assert error.startswith(f"routes.yaml:{where}:"), error
+
+
+def test_a_derived_event_topic_is_no_endpoints_topic() -> None:
+    """An event named like an endpoint (a .NET type without a namespace) gets its topic."""
+    text = PUBSUB.replace(
+        f"Analytics: {{connection: kafka, subscribes: [{{event: {EVENT}",
+        "Analytics: {connection: kafka, subscribes: [{event: Audit",
+    )
+    assert "sends it to topic 'Audit' on 'kafka', which is the input topic of endpoint" in (
+        error_of(text)
+    )
+
+
+def test_a_kafka_subscriber_of_an_event_published_on_another_kafka_connection_is_refused() -> None:
+    text = PUBSUB.replace(
+        '  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}\n',
+        '  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}\n'
+        '  kafka2: {type: kafka, bootstrap_servers: "127.0.0.1:9093"}\n',
+    ).replace(
+        "Stock:\n    connection: pg",
+        "Stock:\n    connection: kafka2",
+    )
+    error = error_of(text)
+    assert (
+        "endpoint 'Stock' on Kafka connection 'kafka2' subscribes to 'Inventory.StockChanged', "
+        "which 'Inventory' publishes on Kafka connection 'kafka'"
+    ) in error
+    assert error.startswith("routes.yaml:20:18:"), error
+
+
+async def test_unsubscribing_a_kafka_subscriber_keeps_the_binding_others_share() -> None:
+    """Analytics and Audit receive OrderPlaced on Kafka through one binding, to Analytics'
+    proxy exchange: unsubscribing either by hand must not cut the other off."""
+    from bridge.service.subscriptions import change
+
+    config = config_of(
+        PUBSUB.replace("Sales:     {connection: pg}", "Sales:     {connection: rabbit}")
+    )
+    for endpoint in ("Audit", "Analytics"):
+        said = await change(config, endpoint, EVENT, subscribe=False)  # connects to nothing
+        assert said.startswith(f"rabbit: kept the binding of {EVENT} to 'Analytics': "), said
+        other = "Analytics" if endpoint == "Audit" else "Audit"
+        assert f"{other} also receive(s) it" in said
+
+
+def test_an_exchange_name_must_fit_rabbitmq() -> None:
+    long = "Склад." + "Ж" * 150  # 156 characters; its exchange `Склад:ЖЖ...` 311 bytes
+    text = PUBSUB.replace(
+        f"Shipping:  {{connection: rabbit, subscribes: [{{event: {EVENT}",
+        f"Shipping:  {{connection: rabbit, subscribes: [{{event: {long}",
+    )
+    assert "would be 311 bytes in UTF-8; RabbitMQ takes 255" in error_of(text)
+
+
+NGINN = """\
+connections:
+  ng:     {type: sqlite, path: /tmp/ng.db, layout: nginn, nginn: {alias: ng, timezone: UTC}}
+  rabbit: {type: rabbitmq, url: "amqp://127.0.0.1/"}
+  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+endpoints:
+  Legacy:    {connection: ng}
+  Warehouse: {connection: rabbit}
+  Inventory: {connection: kafka}
+"""
+
+
+@pytest.mark.parametrize(
+    ("subscriber", "where"),
+    [
+        # An NGinn publisher: its subscribers are rows of NGinn's own subscription table.
+        ("  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}", 9),
+        # A Kafka publisher's event published on the NGinn connection of its subscriber.
+        ("  Books: {connection: ng, subscribes: [{event: I.Stock, publisher: Inventory}]}", 9),
+    ],
+)
+def test_pub_sub_that_needs_nginns_subscription_table_is_refused(
+    subscriber: str, where: int
+) -> None:
+    """NGinn publishers read `NGinnMessageBus_Subscriptions` (publisher_endpoint,
+    subscriber_endpoint, message_type: lafar6502/nginn-messagebus@1fa4baf NGinnBPM.MessageBus/
+    Impl/SqlSubscriptionService.cs:63-101), which the bridge does not write: a
+    SubscriptionRouting row there would never be read, and the events never come."""
+    error = error_of(NGINN + subscriber + "\n")
+    assert "a connection of NGinn tables: the bridge does not write NGinn's subscriptions" in error
+    assert error.startswith(f"routes.yaml:{where}:"), error
+    # An NGinn subscriber of an event published on RabbitMQ: its proxy there subscribes.
+    config_of(
+        NGINN
+        + "  Books: {connection: ng, subscribes: [{event: W.Shipped, publisher: Warehouse}]}\n"
+    )
+    written = NGINN.split("endpoints:")[0] + (
+        "routes:\n"
+        "  - {name: p, from: {connection: kafka, topic: t, group: g}, to: {connection: ng}, "
+        "publish: true}\n"
+    )
+    assert "holds NGinn tables, whose subscriptions the bridge does not read" in error_of(written)

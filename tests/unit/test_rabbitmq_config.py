@@ -64,6 +64,21 @@ def test_a_setting_given_in_the_url_and_as_a_key_is_a_problem(
     assert list(lint(config(url=f"amqp://u:p@h/%2F?{option}"))) == []
 
 
+def test_an_http_management_url_is_refused_beside_an_amqps_url() -> None:
+    """Its basic authentication would carry the login in clear that amqps keeps encrypted."""
+    amqps = "amqps://u:secret@h/%2F"
+    problems = list(lint(config(url=amqps, management_url="http://h:15672")))
+    assert problems == [
+        (
+            "management_url",
+            "management_url is http:// while the url is amqps://: the management API's login "
+            "would cross the network unencrypted; use https://",
+        )
+    ]
+    assert list(lint(config(url=amqps, management_url="https://h:15671"))) == []
+    assert list(lint(config(url="amqp://u:p@h/%2F", management_url="http://h:15672"))) == []
+
+
 def test_options_in_the_url_win() -> None:
     url = "amqp://u:p@h/%2F?heartbeat=7&connection_attempts=3&blocked_connection_timeout=5"
     params = parameters(config(url=url), "rabbit", "source")

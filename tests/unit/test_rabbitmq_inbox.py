@@ -9,6 +9,7 @@ import time
 
 import pika
 
+from bridge.errors import TransportUnavailable
 from bridge.transports.rabbitmq.inbox import Delivery, Inbox
 
 
@@ -82,3 +83,14 @@ async def test_first_arrived_is_the_oldest_waiting_delivery_of_the_consumer() ->
     assert [d.tag for d in inbox.take(2, 2)] == [2, 3]
     assert inbox.first_arrived(2) == arrivals[3]
     assert inbox.last_arrived() == arrivals[-1]
+
+
+async def test_a_lost_connection_ends_the_wait_at_once() -> None:
+    """`lose` (from the ioloop thread) wakes a receive waiting for deliveries that cannot come."""
+    inbox = Inbox(asyncio.get_running_loop())
+    error = TransportUnavailable("connection lost")
+    threading.Timer(0.1, inbox.lose, [error]).start()
+    started = time.monotonic()
+    assert not await inbox.wait_for(1, 1, 10.0)
+    assert time.monotonic() - started < 5.0  # not the 10 s timeout
+    assert inbox.lost is error

@@ -184,3 +184,28 @@ def test_sqlite_upserts_as_postgresql_does() -> None:
         '"shop"."SubscriptionRouting"', '"Subs"'
     ).replace("%s", "?")
     assert "QueueAddress TEXT NOT NULL" in made.create
+
+
+def test_a_publisher_names_each_subscribers_table_in_its_schema_and_catalog() -> None:
+    """SQL Server addresses `table@[schema]@[catalog]`, parts left out being the connection's
+    (Particular/NServiceBus.SqlServer@214c4e8f src/NServiceBus.Transport.SqlServer/Addressing/
+    QueueAddress.cs:23-58); schemas and catalogs compare without case."""
+    from bridge.transports.sql.publish import SqlPublisher
+
+    config = SqlServerConnection(type="sqlserver", dsn="Driver=x", schema="dbo", catalog="nsb")
+    sink = SqlPublisher(SqlServerDialect("legacy", config), config)
+
+    def table(address: str) -> str:
+        found = sink._table_of(address)
+        assert found is not None
+        dialect, name = found
+        return dialect.table(name)
+
+    assert table("Billing") == "[nsb].[dbo].[Billing]"
+    assert table("Billing@[DBO]@[NSB]") == "[nsb].[dbo].[Billing]"
+    assert table("Billing@[sales]") == "[nsb].[sales].[Billing]"
+    assert table("Billing@[sales]@[other]") == "[other].[sales].[Billing]"
+    lite = SqliteConnection(type="sqlite", path=":memory:")
+    sqlite = SqlPublisher(SqliteDialect("lite", lite), lite)
+    assert sqlite._table_of('"main"."Billing"') is not None
+    assert sqlite._table_of('"other"."Billing"') is None  # an attached database: not reached

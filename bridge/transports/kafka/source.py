@@ -347,6 +347,19 @@ class KafkaSource:
             offset = stored.get(checkpoint_key(self.group, tp.topic, tp.partition))
             if offset is not None:
                 consumer.seek(tp, offset)
+                started = self._expected.get(tp)  # where the batch given back began
+                if started is not None and offset != started:
+                    # The batch was stored after all (its commit's answer was lost), or another
+                    # consumer moved on: either way not read twice.
+                    log.info(
+                        "group %s: %s/%d resumes at %d, the position the destination stored, "
+                        "not at %d",
+                        self.group,
+                        tp.topic,
+                        tp.partition,
+                        offset,
+                        started,
+                    )
             self._expected[tp] = offset
         consumer.resume(*waiting)
         self._unpositioned -= waiting

@@ -28,9 +28,10 @@ own, so there is one place for it. A certificate that does not verify is `TlsRef
 (`errors.py`), never a connection without verification.
 
 Management API: `management_url`, or by default the URL's host on port 15672 (15671 for
-`amqps`) with the URL's credentials, as NServiceBus RabbitMQ derives it. Through it the bridge
-keeps the delivery limit of quorum queues it receives from unlimited, or refuses them
-(`delivery_limit.py`), unless `validate_delivery_limits` is false.
+`amqps`) with the URL's credentials, as NServiceBus RabbitMQ derives it; with `amqps` a
+`management_url` must be `https://` too (its login would otherwise go in clear). Through it
+the bridge keeps the delivery limit of quorum queues it receives from unlimited, or refuses
+them (`delivery_limit.py`), unless `validate_delivery_limits` is false.
 
 Topology (wire-format §7): `conventional` publishes to a durable fanout exchange named like the
 queue, routing key `""`; `direct` publishes to the default exchange with the queue's name as
@@ -154,11 +155,31 @@ def lint(config: RabbitMQConnection) -> Iterator[Problem]:
         if option in given and setting in config.model_fields_set:
             yield setting, f"{setting} is also given in the url ({option}); give it once"
     if config.management_url is not None:
-        yield from _lint_management_url(config.management_url)
+        amqps = config.url.lower().startswith("amqps:")
+        yield from _lint_management_url(config.management_url, amqps)
 
 
-def _lint_management_url(url: str) -> Iterator[Problem]:
-    """The management API is HTTP (as NServiceBus RabbitMQ requires, ManagementClient.cs:43-46)."""
+def warnings(config: RabbitMQConnection) -> Iterator[Problem]:
+    """Settings that work but leave a silent network unnoticed: `heartbeat` 0 (in the url or
+    as the key) turns the AMQP heartbeat off, and only it notices a connection that falls
+    silent while a source waits for deliveries (or a sink for a broker that blocked it)."""
+    try:
+        given = parse_qs(urlsplit(config.url).query).get("heartbeat")
+    except ValueError:  # lint said so
+        return
+    key, value = ("url", given[-1].strip()) if given else ("heartbeat", str(config.heartbeat))
+    if value == "0":
+        yield (
+            key,
+            "heartbeat 0 turns the AMQP heartbeat off: an idle source never notices a network "
+            "that falls silent (it waits for deliveries for ever); give it a number of seconds",
+        )
+
+
+def _lint_management_url(url: str, amqps: bool) -> Iterator[Problem]:
+    """The management API is HTTP (as NServiceBus RabbitMQ requires, ManagementClient.cs:43-46),
+    over TLS when AMQP is: the API's basic authentication would otherwise carry in clear the
+    credentials the amqps URL keeps encrypted (its own, or the URL's)."""
     try:
         split = urlsplit(url)
         split.port  # noqa: B018 (raises ValueError for a port that is not a number)
@@ -167,6 +188,12 @@ def _lint_management_url(url: str) -> Iterator[Problem]:
         return
     if split.scheme not in ("http", "https") or not split.hostname:
         yield "management_url", "management_url must start with http:// or https:// and name a host"
+    elif amqps and split.scheme == "http":
+        yield (
+            "management_url",
+            "management_url is http:// while the url is amqps://: the management API's login "
+            "would cross the network unencrypted; use https://",
+        )
 
 
 def address_problem(kind: str, name: str) -> str | None:

@@ -2,7 +2,8 @@
 
 A channel in confirm mode numbers the messages published on it from 1; the broker confirms
 (`basic.ack`) or refuses (`basic.nack`) each tag, or several at once with `multiple`, and
-returns an unroutable message (`basic.return`, sent with `mandatory=True`) before its confirm.
+returns an unroutable message (`basic.return`, when sent with `mandatory=True`, as every send
+is; a publish of events is not) before its confirm.
 A `publish` completes once every one of its messages is confirmed, with the indexes that came
 back unroutable (matched by `message_id` in publish order) and how many were nacked. Everything
 here runs on the session's ioloop thread.
@@ -100,10 +101,12 @@ class Confirms:
         routing_key: str,
         messages: Sequence[Message],
         routes: Routes = None,
+        mandatory: bool = True,
     ) -> bool:
-        """Publish every message with `mandatory=True` to `exchange` with `routing_key`, or
-        where `routes` says for its index; `done` settles with the outcome once all are
-        confirmed. True when frames were handed to pika (nothing failed, something to send).
+        """Publish every message with `mandatory` (a message no queue takes comes back) to
+        `exchange` with `routing_key`, or where `routes` says for its index; `done` settles with
+        the outcome once all are confirmed. True when frames were handed to pika (nothing
+        failed, something to send).
         """
         state = Publish(done, messages)
         if not messages:
@@ -114,7 +117,7 @@ class Confirms:
             route = routes[index] if routes is not None else None
             to, key = (exchange, routing_key) if route is None else route
             try:
-                channel.basic_publish(to, key, body, properties, mandatory=True)
+                channel.basic_publish(to, key, body, properties, mandatory=mandatory)
             except Exception as exc:  # nothing of this message went out (pika marshals first)
                 self._publishes.remove(state)
                 done.fail(translate(exc, self.where, index=index))

@@ -14,7 +14,9 @@ connection; `epoch` (unique per channel, process-wide) tells delivery tags of di
 apart, so a tag is never acknowledged on a channel that did not deliver it.
 
 Reconnect: when the connection fails, every call in progress fails with `TransportUnavailable`
-and the thread ends; the next call opens a new connection (and thread). Every call has a
+and the thread ends; the next call opens a new connection (and thread). An open connection that
+is lost without its owner closing it is also reported to the link's `on_lost` (a source's
+consumer waits for deliveries, not for a call, so nothing else would tell it). Every call has a
 deadline; one that passes it closes the connection, since its state is then unknown.
 
 Publishing: with `confirm=True` the channel is in confirm mode; `publish` writes a whole list
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -77,13 +79,20 @@ def parameters(config: RabbitMQConnection, name: str, role: str) -> pika.URLPara
 
 
 def link(
-    config: RabbitMQConnection, name: str, role: str, where: str, *, confirm: bool = False
+    config: RabbitMQConnection,
+    name: str,
+    role: str,
+    where: str,
+    *,
+    confirm: bool = False,
+    on_lost: Callable[[BridgeError], None] | None = None,
 ) -> Link:
     """A `Link` of connection `name` used as `role`, with the connection's timeouts."""
     return Link(
         parameters(config, name, role),
         where,
         confirm=confirm,
+        on_lost=on_lost,
         connect_timeout=config.connect_timeout,
         operation_timeout=config.operation_timeout,
         confirm_timeout=config.confirm_timeout,
@@ -102,8 +111,10 @@ class Link:
         connect_timeout: float = CONNECT_TIMEOUT,
         operation_timeout: float = OPERATION_TIMEOUT,
         confirm_timeout: float = CONFIRM_TIMEOUT,
+        on_lost: Callable[[BridgeError], None] | None = None,
     ) -> None:
         self._params = params
+        self._on_lost = on_lost  # told on the ioloop thread when an open connection is lost
         self.where = where
         self._confirm = confirm
         self.connect_timeout = connect_timeout
@@ -131,7 +142,11 @@ class Link:
             session = self._session
             if session is None or session.closed:
                 session = Session(
-                    self._params, self.where, self._confirm, asyncio.get_running_loop()
+                    self._params,
+                    self.where,
+                    self._confirm,
+                    asyncio.get_running_loop(),
+                    self._on_lost,
                 )
                 self._session = session
                 session.start()
@@ -180,14 +195,17 @@ class Link:
         *,
         timeout: float | None = None,
         routes: Routes = None,
+        mandatory: bool = True,
     ) -> PublishOutcome:
-        """Publish `messages`; their confirms within `timeout` (default `confirm_timeout`)."""
+        """Publish `messages`; their confirms within `timeout` (default `confirm_timeout`).
+        `mandatory=False` (a publish of events): a message no queue takes is dropped, not
+        returned."""
         if not self._confirm:
             raise TypeError("publish needs a link opened with confirm=True")
         session = await self._open()
 
         def op(channel: pika.channel.Channel, epoch: int, done: Done) -> None:
-            session.publish(channel, done, exchange, routing_key, messages, routes)
+            session.publish(channel, done, exchange, routing_key, messages, routes, mandatory)
 
         deadline = self.confirm_timeout if timeout is None else timeout
         outcome: PublishOutcome = await self._wait(

@@ -1,7 +1,8 @@
 """Deliveries handed over from pika's ioloop thread to the event loop, where a receive waits.
 
 The ioloop thread wakes the event loop only when a receive waits and enough deliveries for it
-are there: not once per delivery, and not at all between receives.
+are there: not once per delivery, and not at all between receives; and when the connection is
+lost (`lose`), so that a waiting receive ends at once rather than at its timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 
 import pika
+
+from bridge.errors import BridgeError
 
 __all__ = ["Delivery", "Inbox"]
 
@@ -43,6 +46,14 @@ class Inbox:
         self._wake_pending = False
         self._wanted = _NOBODY_WAITS  # deliveries the waiting receive needs before it wakes
         self.cancelled: set[str] = set()  # consumer tags the broker cancelled
+        self.lost: BridgeError | None = None  # set by `lose`, taken by the source
+
+    def lose(self, error: BridgeError) -> None:
+        """On the ioloop thread: the connection the deliveries came on is gone; wake a waiting
+        receive (`wait_for` returns False while `lost` is set)."""
+        self.lost = error
+        with contextlib.suppress(RuntimeError):  # the event loop is closed
+            self._loop.call_soon_threadsafe(self._arrived.set)
 
     def put(self, delivery: Delivery) -> None:
         """On the ioloop thread: queue one delivery; wake the event loop when a receive waits
@@ -69,9 +80,12 @@ class Inbox:
         return len(self._items)
 
     async def wait_for(self, consumer: int, wanted: int, timeout: float) -> bool:
-        """Wait until `wanted` deliveries wait; False when `timeout` passes first."""
+        """Wait until `wanted` deliveries wait; False when `timeout` passes first or the
+        connection is lost."""
         deadline = self._loop.time() + timeout
         while self.count(consumer) < wanted:
+            if self.lost is not None:
+                return False
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 return False

@@ -4,7 +4,8 @@ Everything pika is touched on that thread only: the event loop hands work over w
 `submit` (`ioloop.add_callback_threadsafe`), the ioloop settles each call's `Done`, which
 posts the result back with `loop.call_soon_threadsafe`. A channel the broker closes fails the
 calls running on it and is replaced on the same connection; a lost connection fails every call
-and ends the thread.
+and ends the thread, and, when it had been open and its owner did not close it, is reported to
+`on_lost` (on the ioloop thread): a consumer waiting for deliveries has no call to fail.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Session:
         where: str,
         confirm: bool,
         loop: asyncio.AbstractEventLoop,
+        on_lost: Callable[[BridgeError], None] | None = None,
     ) -> None:
         self.params = params
         self.where = where
@@ -53,6 +55,10 @@ class Session:
         self.close_error: BridgeError = TransportUnavailable(f"{where}: connection closed")
         self.epoch = 0
         self.ready = Done(self.calls, loop)
+        # Its owner stops waiting after `connect_timeout`; a failure after that is nobody's.
+        self.ready.future.add_done_callback(_retrieved)
+        self._on_lost = on_lost
+        self._was_open = False
         self.confirms = Confirms(where)
         self._connection: SelectConnection | None = None
         self._channel: pika.channel.Channel | None = None
@@ -138,6 +144,7 @@ class Session:
         self._channel = channel
         self.confirms.channel_ready()
         self.epoch = next(_EPOCHS)
+        self._was_open = True
         self.ready.ok(None)
         waiting, self._waiting = self._waiting, []
         for op, done in waiting:
@@ -171,7 +178,13 @@ class Session:
             self._open_channel()
 
     def _on_connection_closed(self, connection: SelectConnection, reason: BaseException) -> None:
-        self._fail_everything(translate(reason, self.where))
+        error = translate(reason, self.where)
+        self._fail_everything(error)
+        if self._was_open and not self._closing and self._on_lost is not None:
+            try:
+                self._on_lost(error)
+            except Exception:  # the owner's hook must not keep the thread from ending
+                log.exception("%s: reporting the lost connection failed", self.where)
         connection.ioloop.stop()
 
     def _fail_everything(self, error: BridgeError) -> None:
@@ -206,7 +219,13 @@ class Session:
         routing_key: str,
         messages: Sequence[Message],
         routes: Routes = None,
+        mandatory: bool = True,
     ) -> None:
         """On the ioloop thread: publish `messages` with confirms (see `confirms.py`)."""
-        if self.confirms.publish(channel, done, exchange, routing_key, messages, routes):
+        if self.confirms.publish(channel, done, exchange, routing_key, messages, routes, mandatory):
             coalesce_writes(self._connection)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

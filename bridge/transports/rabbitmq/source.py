@@ -18,7 +18,10 @@ Guarantees
     (classic and quorum queues put returned messages back at the head). When batches of one
     source overlap, each is acknowledged or returned by its own tags instead. A lost connection
     or channel returns every unacknowledged delivery to the queue; settling a batch received on
-    a channel that is gone raises `TransportUnavailable` (its messages come again).
+    a channel that is gone raises `TransportUnavailable` (its messages come again). A lost
+    connection (an idle one too: the heartbeat notices a silent network) ends the receive
+    waiting on it, or else the next one, with `TransportUnavailable`, so the route backs off
+    at once instead of waiting out `connect_timeout` on a reconnect.
     Because of these returns, a quorum queue must not drop a message returned often: before it
     consumes on a new channel the source checks the queue's delivery limit and, on RabbitMQ 4,
     lifts the default one as NServiceBus does, or raises `TransportError` (`delivery_limit.py`).
@@ -59,7 +62,7 @@ import pika
 
 from bridge.batch import Batch, Rejected
 from bridge.envelope import Envelope, PoisonMessage
-from bridge.errors import HeadersFormatError, TransportUnavailable
+from bridge.errors import BridgeError, HeadersFormatError, TransportUnavailable
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.transports.rabbitmq.config import (
     DELIVERY_PAUSE,
@@ -111,7 +114,7 @@ class RabbitMQSource:
         self._config = config
         self._name = name
         self._where = f"{describe(name)}, queue {address!r}"
-        self._link = link(config, name, "source", self._where)
+        self._link = link(config, name, "source", self._where, on_lost=self._lost)
         self._errors = ErrorQueue(
             config, name, address, self.error_queue, frame_max=self._link.frame_max
         )
@@ -129,9 +132,11 @@ class RabbitMQSource:
         if self._inbox is None:
             self._inbox = Inbox(asyncio.get_running_loop())
         inbox = self._inbox
+        self._raise_if_lost(inbox)
         consumer = await self._consume(inbox, max_messages)
         number = consumer.number
         if not await inbox.wait_for(number, 1, timeout):
+            self._raise_if_lost(inbox)
             return Batch()
         # Counted from the oldest delivery's arrival, not from this call: deliveries that came
         # in while the batch before was being sent have waited already.
@@ -141,6 +146,7 @@ class RabbitMQSource:
             if gather <= 0:
                 break
             await inbox.wait_for(number, max_messages, gather)
+            self._raise_if_lost(inbox)
         # From here to the return nothing awaits: a cancelled receive never holds deliveries.
         deliveries = inbox.take(number, max_messages)
         messages: list[Envelope] = []
@@ -183,6 +189,24 @@ class RabbitMQSource:
             on_abort=abort,
             rejected=rejected,
         )
+
+    def _lost(self, error: BridgeError) -> None:
+        """On the ioloop thread: the connection is gone (see `_raise_if_lost`)."""
+        inbox = self._inbox
+        if inbox is not None:
+            inbox.lose(error)
+
+    def _raise_if_lost(self, inbox: Inbox) -> None:
+        """Raise why the consumer's connection was lost, once: an idle consumer has no call in
+        progress to fail, and a receive that went on would reconnect into the outage and wait
+        out `connect_timeout` (its route still `running`) before it could tell. A loss reported
+        for an earlier connection, whose consumer is already gone, is dropped."""
+        error, inbox.lost = inbox.lost, None
+        consumer = self._consumer
+        if error is None or consumer is None or consumer.epoch == self._link.epoch:
+            return
+        self._consumer = None  # its deliveries are back in the queue; the next receive consumes
+        raise error
 
     async def _consume(self, inbox: Inbox, max_messages: int) -> _Consumer:
         """The consumer this source receives from, started when there is none (any more)."""

@@ -197,6 +197,27 @@ def lint(connection: SqlConnection) -> Iterator[Problem]:
     yield from nginn_problems(connection)
 
 
+def warnings(connection: SqlConnection) -> Iterator[Problem]:
+    """Settings that work but leave a silent network unnoticed: a PostgreSQL DSN whose
+    `connect_timeout` is 0 (or less), with which libpq waits for ever to open a connection
+    (the bridge's own default, when the DSN names none, is 10 s)."""
+    if not isinstance(connection, PostgresConnection) or _UNSET in connection.dsn:
+        return
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        value = str(conninfo_to_dict(connection.dsn).get("connect_timeout", "")).strip()
+        seconds = int(value) if value else None
+    except Exception:  # psycopg missing, or a DSN that lint refuses
+        return
+    if seconds is not None and seconds <= 0:
+        yield (
+            "dsn",
+            f"dsn: connect_timeout={value} lets opening a connection wait for ever on a silent "
+            "network (libpq reads 0 as no limit); leave it out (10 s) or give it seconds",
+        )
+
+
 def nginn_problems(connection: SqlConnection) -> Iterator[Problem]:
     """`nginn` given without `layout: nginn` or missing with it, a time zone that is no IANA
     zone, an alias that leaves no room in NGinn's 50-character endpoint columns."""
@@ -292,22 +313,35 @@ _DOWNGRADING = ("disable", "allow", "prefer")
 
 
 def _downgrade_problems(sslmode: str | None) -> Iterator[str]:
-    """A DSN that names the CA to verify the server with, and lets libpq go on without TLS."""
+    """A DSN that names the CA to verify the server with, and an sslmode under which libpq goes
+    on without TLS, or verifies the chain but not the host name (`require`, which libpq with a
+    root certificate treats as `verify-ca`, and `verify-ca`): anyone holding a certificate of
+    that CA for another host could stand in for the server. Naming a CA asks for verification,
+    and `verify-full` is the mode that verifies."""
     said = f"sslmode={sslmode}" if sslmode else None
     if sslmode is None:
         environ = os.environ.get("PGSSLMODE")  # libpq's default for a DSN without sslmode
         sslmode = environ or "prefer"
         said = f"PGSSLMODE={environ}" if environ else "no sslmode (libpq's default: prefer)"
+    if sslmode == "verify-full":
+        return
     if sslmode in _DOWNGRADING:
         does = (
             "never uses TLS"
             if sslmode == "disable"
             else ("connects without TLS to a server that does not offer it")
         )
-        yield (
-            f"dsn: sslrootcert names a CA to verify the server with, but {said} {does}: write "
-            "sslmode=verify-full (verify-ca does not check the host name)"
+    elif sslmode == "require":
+        does = (
+            "checks the certificate's chain (libpq treats require with a root certificate as "
+            "verify-ca) but not the server's host name"
         )
+    else:
+        does = "checks the certificate's chain but not the server's host name"
+    yield (
+        f"dsn: sslrootcert names a CA to verify the server with, but {said} {does}: write "
+        "sslmode=verify-full"
+    )
 
 
 #: A `password=` value and the word after it (part of the password when it has an unquoted

@@ -2,7 +2,8 @@
 
 Guarantees
     For each event, the topics of its type (`NServiceBus.EnclosedMessageTypes`' full names, then
-    `System.Object`) are looked up in the connection's subscription table (`SELECT DISTINCT
+    `System.Object`; for an event that names no type, the type its route carries, `event`, which
+    its copies then name) are looked up in the connection's subscription table (`SELECT DISTINCT
     QueueAddress ... WHERE Topic IN`, `subscriptions.py`), and one copy is inserted into each
     address's queue table; every copy of every event of a `send` in one transaction, which
     returns only after COMMIT. A lookup is kept `CACHE_FOR` seconds, as the transport caches it
@@ -10,12 +11,17 @@ Guarantees
     default, SqlServer/PubSub/SubscriptionOptions.cs:19-28). An event nobody subscribes to is
     dropped, as a publisher drops it.
 
+    An address in another schema (`"sales"."Billing"`, `Billing@[sales]`), or on SQL Server in
+    another catalog of the same server (`Billing@[sales]@[other]`), gets its copy there, as the
+    transport sends to a schema-qualified address (QueueAddress.cs:23-58 of the SQL Server
+    transport, PostgreSql/Addressing/QueueAddress.cs:17-42), in the same transaction.
+
 Failures
     An event with a `deliver_at` still to come raises `MessageRejected` with its index:
-    NServiceBus does not delay a publish. An address in another schema or database than the
-    connection's raises `MessageRejected` with its index (the bridge writes only where its
-    connection reaches); an event no row can hold, the same. Database failures are the
-    connection's (`errors.py`).
+    NServiceBus does not delay a publish. On SQLite, an address in a schema other than `main`
+    (an attached database the bridge's connection does not have) raises `MessageRejected` with
+    its index; an event no row can hold, the same. Database failures are the connection's
+    (`errors.py`).
 
 What is lossy
     Nothing: every copy is the event as it came, with its own row id.
@@ -30,9 +36,9 @@ from functools import partial
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.nservicebus.delays import refuse_delays
-from bridge.nservicebus.events import topics_of
+from bridge.nservicebus.events import published, topics_of
 from bridge.protocols import Checkpoint
-from bridge.transports.sql.addresses import address_key, canonical_address
+from bridge.transports.sql.addresses import parse_postgresql, parse_sqlserver
 from bridge.transports.sql.config import SqlConnection
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
@@ -47,12 +53,21 @@ CACHE_FOR = 5.0
 
 
 class SqlPublisher:
-    def __init__(self, dialect: Dialect, config: SqlConnection, pool: Pool | None = None) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: SqlConnection,
+        pool: Pool | None = None,
+        event: str | None = None,
+    ) -> None:
         self._dialect = dialect
+        self._event = event
         self._config = config
         self._connection = Connection(dialect, pool=pool)
         self._table = SubscriptionTable(dialect, config.subscription_table, self._connection)
         self._cache: dict[tuple[str, ...], tuple[float, list[str]]] = {}
+        #: (schema, catalog) -> the dialect that names tables there, for addresses elsewhere.
+        self._elsewhere: dict[tuple[str, str | None], Dialect] = {}
 
     async def send(
         self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
@@ -73,14 +88,39 @@ class SqlPublisher:
         self._cache[topics] = (now, found)
         return found
 
-    def _table_of(self, address: str) -> str | None:
-        """The queue table `address` names on this connection; None when it is elsewhere."""
-        key = address_key(self._config, address)
-        return (
-            key[0]
-            if key == address_key(self._config, canonical_address(self._config, key[0]))
-            else None
-        )
+    def _table_of(self, address: str) -> tuple[Dialect, str] | None:
+        """The queue table `address` names, with the dialect of its schema (and catalog); None
+        where this connection cannot reach it."""
+        config = self._config
+        if config.type == "sqlserver":
+            table, schema, catalog = parse_sqlserver(address)
+            own = getattr(self._dialect, "database", None) or config.catalog
+            if catalog is None or (own is not None and catalog.casefold() == own.casefold()):
+                catalog = config.catalog
+            if schema is None or schema.casefold() == config.schema_.casefold():
+                schema = config.schema_
+            place: tuple[str, str | None] = (schema, catalog)
+            here: tuple[str, str | None] = (config.schema_, config.catalog)
+        else:
+            table, found = parse_postgresql(address)
+            own_schema = config.schema_ if config.type == "postgresql" else "main"
+            place, here = (found or own_schema, None), (own_schema, None)
+            if config.type == "sqlite" and place != here:
+                return None
+        if not table:
+            return None
+        if place == here:
+            return self._dialect, table
+        if place not in self._elsewhere:
+            from bridge.transports.sql.transport import dialect_for
+
+            update: dict[str, object] = {"schema_": place[0]}
+            if config.type == "sqlserver":
+                update["catalog"] = place[1]
+            self._elsewhere[place] = dialect_for(
+                self._dialect.connection_name, config.model_copy(update=update)
+            )
+        return self._elsewhere[place], table
 
     def _publish(self, envelopes: list[Envelope], db: DbConnection) -> MessageRejected | None:
         """Look the subscribers up, then insert every copy in one transaction; a message that
@@ -88,29 +128,30 @@ class SqlPublisher:
         now = time.time()
         where = f"{self._dialect.describe()}: publish"
         outgoing, send_params = self._dialect.layout.outgoing, self._dialect.send_params
-        rows: dict[str, list[Sequence[object]]] = {}
-        for index, envelope in enumerate(envelopes):
+        rows: dict[tuple[Dialect, str], list[Sequence[object]]] = {}
+        for index, received in enumerate(envelopes):
+            envelope = published(received, self._event)
             topics = tuple(topics_of(envelope.headers))
             addresses = self._subscribers(db, topics, time.monotonic())
             for address, native_id in zip(addresses, new_ids(len(addresses)), strict=True):
-                table = self._table_of(address)
-                if table is None:
+                place = self._table_of(address)
+                if place is None:
                     return MessageRejected(
                         f"{where}: subscriber address {address!r} of {topics[0]!r} is not a "
-                        "queue table in this connection's schema and database",
+                        "queue table this connection reaches (SQLite: only `main`'s)",
                         index=index,
                     )
                 try:
                     row = send_params(outgoing(envelope, now, native_id))
                 except HeadersFormatError as exc:
                     return MessageRejected(f"{where}: {exc}", index=index)
-                rows.setdefault(table, []).append(row)
+                rows.setdefault(place, []).append(row)
         db.rollback()  # the lookups' transaction, where the driver opened one
         if rows:
             self._dialect.begin(db)
             cursor = db.cursor()
-            for table, inserted in rows.items():
-                cursor.executemany(self._dialect.send_statement(db, table), inserted)
+            for (dialect, name), inserted in rows.items():
+                cursor.executemany(dialect.send_statement(db, name), inserted)
             db.commit()
         return None
 
