@@ -182,7 +182,24 @@ async def check(config_path: str, *, connect: bool) -> int:
         print(f"{name}: OK ({', '.join(needed)})")
         for warning in warnings:
             print(f"{name}: warning: {warning}")
+    if config.delays is not None and not await _check_delays(config, config.delays.connection):
+        failures += 1
     return 1 if failures else 0
+
+
+async def _check_delays(config: BridgeConfig, name: str) -> bool:
+    """Whether the `delays:` connection's `BridgeDelays` is there (printed either way)."""
+    transport = _transport(config, name)
+    assert isinstance(transport, SqlTransport)  # `bridge check` makes sure
+    try:
+        await transport.check_delay_table()
+    except BridgeError as exc:
+        print(f"{name}: FAILED: {exc}")
+        return False
+    finally:
+        await transport.close()
+    print(f"{name}: OK (BridgeDelays)")
+    return True
 
 
 async def install(config_path: str, *, print_only: bool) -> int:

@@ -357,3 +357,29 @@ async def test_a_forward_destination_that_does_not_exist_is_a_poison_message(
     (copy,) = errors  # an error copy with readable headers (a retry of it crosses)
     assert copy.message_id == "b" and FORWARD_DESTINATION not in copy.headers
     assert "does not exist" in (copy.headers.get("NServiceBus.ExceptionInfo.Message") or "")
+
+
+def test_check_connect_finds_bridgedelays_on_the_delays_connection(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        f'connections:\n  lite: {{type: sqlite, path: "{tmp_path / "q.db"}"}}\n'
+        "routes: []\ndelays: {connection: lite}\n"
+    )
+
+    def bridge(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "bridge", *args, "-c", str(config)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    sqlite3.connect(tmp_path / "q.db").close()  # the file, without the table
+    missing = bridge("check", "--connect")
+    assert missing.returncode == 1, missing.stderr
+    assert "lite: FAILED: sqlite connection 'lite': table \"BridgeDelays\", where delays wait" in (
+        missing.stdout
+    )
+    assert bridge("install").returncode == 0
+    found = bridge("check", "--connect")
+    assert found.returncode == 0, found.stdout
+    assert "lite: OK (BridgeDelays)" in found.stdout

@@ -77,6 +77,7 @@ from bridge.errors import TransportError
 from bridge.protocols import CheckpointStore, QueueStats, ServerConnections
 from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.delay_table import TABLE as DELAY_TABLE
 from bridge.transports.sql.delay_table import DelayTable
 from bridge.transports.sql.delayed import seconds_to_next_due
 from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
@@ -183,6 +184,22 @@ class Transport(RangeReads):
             return self.dialect.printable(statements)
         await self._run(partial(_execute_each, statements))
         return statements
+
+    async def check_delay_table(self) -> None:
+        """Raise when `BridgeDelays` does not exist (this is the `delays:` connection)."""
+        self.dialect.before_check()
+        await self._run(self._check_delay_table)
+
+    def _check_delay_table(self, db: DbConnection) -> None:
+        try:
+            if not self.dialect.table_exists(db, DELAY_TABLE):
+                raise TransportError(
+                    f"{self.dialect.describe()}: table {self.dialect.table(DELAY_TABLE)}, where "
+                    "delays wait for destinations that cannot delay, does not exist (run "
+                    "`bridge install`)"
+                )
+        finally:
+            db.rollback()
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
         """Reach the database (never creating it); raise when a table is missing; return
