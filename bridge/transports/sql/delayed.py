@@ -37,7 +37,6 @@ from bridge.transports.sql.dialects.base import DbConnection, DbCursor, Dialect
 from bridge.transports.sql.layouts.base import new_id
 
 __all__ = [
-    "DEFAULT_SUFFIX",
     "FORWARD_DESTINATION",
     "MOVE_BATCH",
     "DelayedStatements",
@@ -50,8 +49,6 @@ __all__ = [
 ]
 
 FORWARD_DESTINATION = "NServiceBus.SqlServer.ForwardDestination"
-#: NServiceBus's default `TableSuffix` (DelayedDeliveryOptions.cs:24).
-DEFAULT_SUFFIX = "Delayed"
 #: Rows moved per transaction: NServiceBus's default `BatchSize` (DelayedDeliveryOptions.cs:38).
 MOVE_BATCH = 100
 
