@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bridge.config.kinds import RULES
 from bridge.config.loader import LoadedConfig, load_config
 from bridge.config.models import BridgeConfig, DerivedRoute, Route
 from bridge.envelope import MESSAGE_ID
@@ -27,8 +27,10 @@ from bridge.nservicebus.delays import DELAY_WITH_TTL, parse_delay, parse_deliver
 from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
 from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.service.capacity import connection_warnings
+from bridge.service.delaying import delaying_sink, longest_delay
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
+from bridge.transports.sql.transport import Transport as SqlTransport
 
 __all__ = [
     "check",
@@ -180,7 +182,24 @@ async def check(config_path: str, *, connect: bool) -> int:
         print(f"{name}: OK ({', '.join(needed)})")
         for warning in warnings:
             print(f"{name}: warning: {warning}")
+    if config.delays is not None and not await _check_delays(config, config.delays.connection):
+        failures += 1
     return 1 if failures else 0
+
+
+async def _check_delays(config: BridgeConfig, name: str) -> bool:
+    """Whether the `delays:` connection's `BridgeDelays` is there (printed either way)."""
+    transport = _transport(config, name)
+    assert isinstance(transport, SqlTransport)  # `bridge check` makes sure
+    try:
+        await transport.check_delay_table()
+    except BridgeError as exc:
+        print(f"{name}: FAILED: {exc}")
+        return False
+    finally:
+        await transport.close()
+    print(f"{name}: OK (BridgeDelays)")
+    return True
 
 
 async def install(config_path: str, *, print_only: bool) -> int:
@@ -205,6 +224,8 @@ async def install(config_path: str, *, print_only: bool) -> int:
             print(f"{name}: installed {', '.join(needed)}")
             for done in prepared:
                 print(f"{name}: created {done}")
+    if config.delays is not None:  # where delays wait for Kafka (`bridge.service.delaying`)
+        await _install_delays(config, config.delays.connection, print_only)
     if print_only:
         for statement in subscription_statements(config):
             print(statement + "\n")
@@ -268,6 +289,21 @@ async def subscription(config_path: str, endpoint: str, event: str, *, subscribe
     config = load_routes(config_path).config
     print(await change(config, endpoint, event, subscribe=subscribe))
     return 0
+
+
+async def _install_delays(config: BridgeConfig, name: str, print_only: bool) -> None:
+    transport = _transport(config, name)
+    assert isinstance(transport, SqlTransport)  # `bridge check` makes sure
+    try:
+        statements = await transport.install_delay_table(print_only=print_only)
+    finally:
+        await transport.close()
+    if print_only:
+        print(f"-- delays on connection {name} ({config.connections[name].type})")
+        for statement in statements:
+            print(statement + "\n")
+    else:
+        print(f"{name}: installed BridgeDelays")
 
 
 def parse_headers(pairs: Sequence[str]) -> list[tuple[str, str]]:
@@ -340,6 +376,8 @@ async def send(
     sent = 0
     try:
         sink = transport.sink(queue)
+        if due is not None:  # a destination that cannot delay: through `delays:`
+            sink = delaying_sink(config, connection, queue, None, sink, partial(_transport, config))
         while sent < count and not interrupted.is_set():
             size = min(SEND_CHUNK, count - sent)
             messages = [
@@ -388,11 +426,11 @@ def _due(
         raise UsageError(f"{flag} with --ttl: {DELAY_WITH_TTL}")
     _known_connection(config, connection)
     kind = config.connections[connection].type
-    longest = RULES[kind].MAX_DELAY_SECONDS
+    longest = longest_delay(config, connection)
     if longest is None:
         raise UsageError(
-            f"{flag}: connection {connection!r} ({kind}) cannot hold a delayed message; "
-            "the bridge delays messages to RabbitMQ connections"
+            f"{flag}: connection {connection!r} ({kind}) cannot hold a delayed message, and "
+            "the config names no `delays: {connection: <a SQL connection>}` for it to wait in"
         )
     wait = due - time.time()
     if wait > longest:
@@ -414,6 +452,8 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
                 "oldest_age_seconds": stats.oldest_age_seconds,
                 "expired": stats.expired,
                 "elsewhere": stats.elsewhere,
+                "delayed": stats.delayed,
+                "next_due_seconds": stats.next_due_seconds,
             }
         )
     age = stats.oldest_age_seconds
@@ -428,6 +468,10 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
             f"  for other endpoints: {stats.elsewhere} (not in depth; no bridge source takes "
             "them: NGinn forwards them, or they are stranded)"
         )
+    if stats.delayed is not None:
+        due = stats.next_due_seconds
+        lines.append(f"  delayed: {stats.delayed}")
+        lines.append(f"  next due: {'-' if due is None else f'in {max(due, 0.0):.1f} s'}")
     return "\n".join(lines)
 
 

@@ -198,6 +198,10 @@ class QueueStats:
     #: Messages in the queue for another endpoint, not in `depth`: no source here takes them
     #: (NGinn's store-and-forward rows).
     elsewhere: int = 0
+    #: Delayed messages waiting for the address, and seconds until the next is due (negative:
+    #: overdue); None where the transport keeps none there or cannot tell.
+    delayed: int | None = None
+    next_due_seconds: float | None = None
 
 
 @dataclass(frozen=True)

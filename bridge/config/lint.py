@@ -27,6 +27,7 @@ from bridge.config.registry import Place, Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.nservicebus.events import exchange_name, type_name_problem
+from bridge.transports.sql.config import KINDS as SQL_KINDS
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
@@ -195,6 +196,23 @@ def lint(config: BridgeConfig, at: Positions) -> None:
     _events(config, at)
     if config.endpoints:
         _registry(config, at)
+    if config.delays is not None:
+        _delays(config, config.delays.connection, at)
+
+
+def _delays(config: BridgeConfig, name: str, at: Positions) -> None:
+    """`delays: {connection}` names a SQL connection (messaging-bridge.md §4)."""
+    where = at.at(("delays", "connection"))
+    if name not in config.connections:
+        known = ", ".join(sorted(config.connections)) or "none"
+        raise ConfigError(f"delays.connection: no connection {name!r} (known: {known})", where)
+    kind = config.connections[name].type
+    if kind not in SQL_KINDS:
+        raise ConfigError(
+            f"delays.connection: {name!r} is a {kind} connection; delays wait in a table of a "
+            "SQL connection (sqlite, postgresql, sqlserver)",
+            where,
+        )
 
 
 def _events(config: BridgeConfig, at: Positions) -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BridgeConfig",
     "ConnectionConfig",
+    "Delays",
     "DerivedRoute",
     "Endpoint",
     "EventConfig",
@@ -210,6 +211,14 @@ class Proxies(Strict):
     )
 
 
+class Delays(Strict):
+    connection: str = Field(
+        min_length=1,
+        description="The SQL connection whose `BridgeDelays` table holds delayed messages for "
+        "destinations that cannot delay (Kafka) until they are due.",
+    )
+
+
 class BridgeConfig(Strict):
     http: HttpConfig | None = None
     connections: dict[str, ConnectionConfig] = Field(description="Named connections.")
@@ -222,6 +231,9 @@ class BridgeConfig(Strict):
     proxies: Proxies = Field(Proxies(), description="How proxies are made and read.")
     events: dict[str, EventConfig] = Field(
         default_factory=dict, description="Event types by .NET full name: their Kafka topic."
+    )
+    delays: Delays | None = Field(
+        None, description="Where delays wait for destinations without delayed delivery."
     )
 
     @cached_property

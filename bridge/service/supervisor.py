@@ -8,6 +8,10 @@ flight are not taken for an empty queue); a route that fails for good in that mo
 run at once (the other routes finish the batches in hand) and makes it exit 1 with the
 route's error. `summary()` is what each route did, which `bridge run` prints in that mode.
 
+Every SQL queue table of the routes gets a mover of its delayed messages
+(`bridge.service.movers`), and with `delays:` the messages delayed for destinations that
+cannot delay are sent when due (`bridge.service.delaying`); both run until the routes stop.
+
 At start, the registry's native subscriptions are made again (`subscriptions.py`), retried in
 the background until they are, while the routes run. A route of an event published on Kafka
 publishes through its destination's publisher, and a Kafka carrier's proxy route sends events to
@@ -39,7 +43,9 @@ from bridge.protocols import (
 from bridge.routing.retry import Backoff
 from bridge.routing.rules import RouteRules
 from bridge.routing.runner import Probe, RouteRunner
+from bridge.service.delaying import delayed_producer, delaying_sink
 from bridge.service.http import HealthServer, RunnerStatus
+from bridge.service.movers import movers
 from bridge.service.subscriptions import event_sink, publisher, subscribe_all
 from bridge.service.summary import RouteSummary, RunSummary
 from bridge.service.workers import WorkerLink
@@ -98,6 +104,13 @@ class Supervisor:
                 )
                 event = route.event if isinstance(route, EventRoute) else None
                 return source, publisher(config, sink_transport, route.to.connection, event)
+            source, sink = plain()
+            to = route.to
+            return source, delaying_sink(
+                self.config, to.connection, to.address, route.key, sink, self._transport
+            )
+
+        def plain() -> tuple[Source, Sink]:
             if route.from_.connection == route.to.connection:
                 source = source_transport.source(
                     route.from_.address, error_queue=self.config.error_queue_of(route)
@@ -254,6 +267,13 @@ class Supervisor:
             ]
             depths = asyncio.create_task(self._watch_depths(), name="depths")
             subscribing = asyncio.create_task(self._subscribe(), name="subscriptions")
+            moving = [  # delayed messages (`bridge.service.movers`, `delaying`)
+                asyncio.create_task(m.run(self._stopping), name=f"mover {m.address}")
+                for m in movers(self.config, self.routes, self._transport)
+            ]
+            producer = delayed_producer(self.config, self._transport)
+            if producer is not None:
+                moving.append(asyncio.create_task(producer.run(self._stopping), name="delays"))
             if self.until_idle is not None:
                 tasks.append(asyncio.create_task(self._watch_idle(), name="until-idle"))
             log.info("running %d route(s)", len(self.runners))
@@ -263,6 +283,7 @@ class Supervisor:
             await depths
             subscribing.cancel()
             await asyncio.gather(subscribing, return_exceptions=True)
+            await asyncio.gather(*moving)
         finally:
             if self.http is not None:
                 self.http.stop()

@@ -144,9 +144,11 @@ def test_print_sql_for_sql_server_is_runnable_batches(tmp_path: Path) -> None:
             {"type": "sqlserver", "dsn": "x", "catalog": "shop", "schema": "dbo"}
         ),
     )
-    scripts = [
+    scripts = [  # each queue table, then its delayed table (tests/unit/test_sql_delayed.py)
         legacy.queue_statements("Sales").create[0],
+        legacy.delayed_statements("Sales").create[0],
         legacy.queue_statements("bridge.error").create[0],
+        legacy.delayed_statements("bridge.error").create[0],
         legacy.checkpoint_statements().create[0],
     ]
     expected = "-- connection legacy (sqlserver)\n" + "".join(
@@ -155,7 +157,8 @@ def test_print_sql_for_sql_server_is_runnable_batches(tmp_path: Path) -> None:
     assert result.stdout.startswith(expected)
     rest = result.stdout.removeprefix(expected)
     assert rest.startswith("-- connection local (sqlite)\nCREATE TABLE IF NOT EXISTS")
-    assert rest.count(");\n") == 2  # each SQLite statement ends with one `;`
+    assert rest.count(");\n") == 4  # each SQLite statement ends with one `;` (table, delayed
+    # table and its index, checkpoints)
 
 
 def test_install_send_peek_run_round_trip(routes: Path) -> None:

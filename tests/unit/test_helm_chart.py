@@ -583,3 +583,15 @@ def test_a_migrate_job_needs_a_route_the_config_has(chart: helm.Chart) -> None:
         chart.render({**DEFAULTS, "migrate": {"enabled": True}}, name=RELEASE)
     with pytest.raises(helm.HelmRenderError, match=r'no route named "sales-to-kafak"'):
         chart.render({**DEFAULTS, "migrate": {"enabled": True, "route": "sales-to-kafak"}})
+
+
+def test_the_delays_connection_renders_even_when_no_route_uses_it(chart: helm.Chart) -> None:
+    """`delays: {connection}` (messaging-bridge.md §4) keeps its connection in routes.yaml."""
+    routes = {
+        **MY_ROUTES,
+        "connections": {**MY_ROUTES["connections"], "waits": {"type": "sqlite", "path": "/d"}},
+        "delays": {"connection": "waits"},
+    }
+    rendered = routes_yaml(render(chart, {"routes": routes, "secret": FULL["secret"]}))
+    assert rendered["delays"] == {"connection": "waits"}
+    assert set(rendered["connections"]) == {"legacy", "rabbit", "waits"}

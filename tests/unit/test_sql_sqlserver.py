@@ -244,8 +244,10 @@ def test_quotes_in_names_are_doubled_inside_string_literals() -> None:
 
 def test_install_runs_the_exact_ddl() -> None:
     transport = Transport("legacy", config())
+    delayed = "[my]]db].[d.b o].[Sales.De layed]].Delayed]"
     assert transport.install_statements([TABLE, TABLE]) == [
         fill(SEED_CREATE_QUEUE),
+        tsql.create_delayed_store(delayed, CATALOG),  # tests/unit/test_sql_delayed.py
         fill(GUARD_OPEN + CREATE_CHECKPOINTS + GUARD_CLOSE, "[my]]db].[d.b o].[BridgeCheckpoints]"),
     ]
 
@@ -301,7 +303,7 @@ async def test_print_only_install_is_one_standalone_batch_per_table() -> None:
         await plain.close()
         await odd.close()
     executed = odd.install_statements([TABLE, "it's"])
-    assert len(printed) == len(executed) == 3
+    assert len(printed) == len(executed) == 5  # two tables, their delayed tables, checkpoints
     for script, batch in zip(executed, printed, strict=True):
         literal = script.replace("'", "''")
         assert batch == (
@@ -328,7 +330,7 @@ def test_printed_batches_parse_as_tsql_around_the_exact_script(catalog: str | No
     transport = Transport("legacy", config(catalog=catalog))
     executed = transport.install_statements([TABLE, "it's", "Sales"])
     batches = go_batches("\n\n".join(transport.dialect.printable(executed)) + "\n")
-    assert len(batches) == len(executed) == 4
+    assert len(batches) == len(executed) == 7  # three tables, their delayed tables, checkpoints
     for script, batch in zip(executed, batches, strict=True):
         trees = parse(batch)
         kinds = [type(tree).__name__ for tree in trees]

@@ -50,7 +50,7 @@ class KafkaSink:
         if not envelopes:
             return
         now = time.time()
-        refuse_delays(envelopes, now, f"kafka: topic {self.topic!r}")
+        refuse_delays(envelopes, now, f"kafka: topic {self.topic!r} (no `delays:` connection)")
         records: list[Record] = []
         for index, envelope in enumerate(envelopes):
             try:

@@ -55,8 +55,10 @@ NGINN_ENDPOINT_CHARS = 50
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*")
 #: What a route end on this connection names, and whether a source reads in a consumer group.
 ADDRESS_KEY = "queue"
-#: Delays into SQL queue tables are not carried out yet: refused.
-MAX_DELAY_SECONDS: int | None = None
+#: The longest delay into a queue table: 2^31-1 s (about 68 years), so that every `Due` and
+#: `retry_time` is far inside what `datetime` (to 9999) and `timestamptz` hold, and the
+#: seconds fit the Int32 parts of NServiceBus's store (`bridge.transports.sql.delayed`).
+MAX_DELAY_SECONDS: int | None = 2**31 - 1
 SOURCE_GROUP = False
 #: The NServiceBus PostgreSQL installer's limit on a queue table name, in bytes.
 MAX_TABLE_NAME_BYTES = 55
@@ -109,6 +111,13 @@ class _Sql(Strict):
         "nservicebus",
         description="Queue table layout: `nservicebus` (the NServiceBus SQL transport's) or "
         "`nginn` (NGinn.MessageBus's; settings in `nginn`).",
+    )
+    delayed_suffix: str = Field(
+        "Delayed",
+        min_length=1,
+        pattern=r"\S",
+        description="Suffix of the delayed table `<queue>.<suffix>` of each queue table "
+        "(NServiceBus's `NativeDelayedDelivery().TableSuffix`); `layout: nservicebus` only.",
     )
     # Annotated, so that type checkers without pydantic's plugin see the default too.
     nginn: Annotated[

@@ -9,6 +9,11 @@ Guarantees
     (a data exception, see `errors.py`) fails the whole send with `MessageRejected` without an
     index, so the runner sends each message alone.
 
+Delays
+    A message with `deliver_at` still to come is stored as a delayed message in the same
+    transaction: a row of the table's delayed table (NServiceBus layout) or an `R` row (NGinn),
+    `bridge.transports.sql.delayed`.
+
 Staged sends
     A send of `STAGE_FROM` rows or more goes through the dialect's send stage where it has one
     (PostgreSQL: a binary COPY into a temporary table, then one INSERT ... SELECT in order),
@@ -36,10 +41,11 @@ from functools import partial
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError
-from bridge.nservicebus.delays import refuse_delays
+from bridge.nservicebus.delays import DELAY_WITH_TTL
 from bridge.protocols import Checkpoint, FencedCheckpoint
 from bridge.transports.sql.checkpoints import Checkpoints
 from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.delayed import store_params
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_ids
 from bridge.transports.sql.pool import Pool
@@ -83,7 +89,6 @@ class SqlSink:
     ) -> None:
         if not envelopes and not checkpoint:
             return
-        refuse_delays(envelopes, time.time(), f"queue table {self._address!r}")
         positions = list((checkpoint or {}).items())
         expected = checkpoint.expected if isinstance(checkpoint, FencedCheckpoint) else None
         try:
@@ -124,11 +129,19 @@ class SqlSink:
         now = time.time()
         send_params, outgoing = self._dialect.send_params, self._dialect.layout.outgoing
         address = self._address
-        rows = []
+        rows, delayed = [], []
         for index, (envelope, native_id) in enumerate(
             zip(envelopes, new_ids(len(envelopes)), strict=True)
         ):
             try:
+                due = envelope.deliver_at
+                if due is not None and due > now:
+                    if envelope.expires_at is not None:
+                        where = f"{self._dialect.describe()}: table {self._address!r}"
+                        return MessageRejected(f"{where}: {DELAY_WITH_TTL}", index=index)
+                    due_ms = round((due - now) * 1000)
+                    delayed.append(store_params(self._dialect, envelope, due_ms, address, now))
+                    continue
                 rows.append(send_params(outgoing(envelope, now, native_id, address=address)))
             except HeadersFormatError as exc:
                 where = f"{self._dialect.describe()}: table {self._address!r}"
@@ -144,6 +157,8 @@ class SqlSink:
             cursor.execute(self._staged)
         elif rows:
             cursor.executemany(self._dialect.send_statement(db, self._address), rows)
+        if delayed:
+            cursor.executemany(self._dialect.delayed_statements(self._address).store, delayed)
         if positions:
             self._checkpoints.write(cursor, positions, expected)
         if not self._borrowed:

@@ -16,6 +16,12 @@ Expiry and poison
     `Batch.poison` either way; without `error_queue`, committing deletes them and they are the
     caller's to keep, unless the layout keeps them in their table (NGinn's `F` rows).
 
+Delayed messages
+    A row that still carries `NServiceBus.SqlServer.ForwardDestination` (a delayed message
+    moved out of a delayed table) is taken as the NServiceBus receiver takes it: the header
+    stripped, and when it names another queue the message is inserted there in the receive's
+    transaction instead of going over the route (`bridge.transports.sql.forward`).
+
 Housekeeping
     A layout's housekeeping statements (NGinn's mover and cleanup with `nginn.retries`) run
     every `HOUSEKEEPING_EVERY` seconds before a poll, each in a transaction of its own. One
@@ -79,6 +85,7 @@ from bridge.transports.sql.chain import CHAIN, Chain, Link, in_new_transaction
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.deadletter import ErrorQueue
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
+from bridge.transports.sql.forward import Forwards
 from bridge.transports.sql.layouts.base import TakenRow
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.ranges import ranged
@@ -130,6 +137,7 @@ class SqlSource:
         self._housekeeping = layout.housekeeping(address)
         self._next_housekeeping = 0.0  # time.monotonic(); 0: at the first poll
         self._copies = ErrorQueue(dialect, address, error_queue)
+        self._forwards = Forwards(dialect, address)
         self._connection = Connection(dialect, receiving=True, pool=pool)
         self._ahead: Connection | None = None  # the second, for a receive ahead of a held batch
         self._in_use: set[Connection] = set()  # receiving, or holding a batch's transaction
@@ -277,9 +285,9 @@ class SqlSource:
         if not rows:
             return None
         self._dialect.receiving_transaction(db)
-        return self._taken(rows)
+        return self._taken(rows, db)
 
-    def _taken(self, rows: Sequence[TakenRow]) -> _Taken:
+    def _taken(self, rows: Sequence[TakenRow], db: DbConnection) -> _Taken:
         layout = self._dialect.layout
         now = time.time()
         taken = _Taken([], [], 0)
@@ -287,12 +295,13 @@ class SqlSource:
             if row.expired:
                 taken.expired += 1
                 continue
-            message = layout.incoming(row, now)
+            message: Envelope | PoisonMessage | None = layout.incoming(row, now)
             if isinstance(message, Envelope):
-                message = returned_poison(message) or message
+                message = returned_poison(message) or self._forwards.take(message, db)
+                # None: sent on to the queue it names, in this transaction
             if isinstance(message, PoisonMessage):
                 taken.poison.append(message)
-            else:
+            elif message is not None:
                 taken.messages.append(message)
         return taken
 

@@ -35,10 +35,11 @@ Addresses
 
 Administration
     `install` creates the queue tables and `BridgeCheckpoints` (idempotent; `print_only`
-    returns the DDL as the database's own client runs it), `check` reports missing tables and
-    warnings, `peek` the depth, the oldest message's age and the expired rows. Bulk jobs read
-    sequence ranges through `bounds`, `count_range`, `scan_range` and `purge_expired`
-    (`ranges`).
+    returns the DDL as the database's own client runs it), with each table's delayed table
+    (`delayed`), `check` reports missing tables and warnings, `peek` the depth, the oldest
+    message's age, the expired rows, and the delayed messages waiting with the next due
+    time. Bulk jobs read sequence ranges through `bounds`, `count_range`, `scan_range` and
+    `purge_expired` (`ranges`).
 
 Limits
     SQLite has one writer at a time; PostgreSQL table names are at most 55 bytes, SQL Server's
@@ -76,6 +77,9 @@ from bridge.errors import TransportError
 from bridge.protocols import CheckpointStore, QueueStats, ServerConnections
 from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.delay_table import TABLE as DELAY_TABLE
+from bridge.transports.sql.delay_table import DelayTable
+from bridge.transports.sql.delayed import seconds_to_next_due
 from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.ranges import RangeReads
@@ -151,11 +155,15 @@ class Transport(RangeReads):
         return sink
 
     def install_statements(self, addresses: Sequence[str]) -> list[str]:
-        """The DDL `install` runs: each queue table, then the checkpoint table."""
+        """The DDL `install` runs: each queue table and its delayed table (`delayed`: none
+        for NGinn, whose delayed rows are `R` rows), then the checkpoint table."""
         statements = [
             statement
             for address in dict.fromkeys(addresses)
-            for statement in self.dialect.queue_statements(address).create
+            for statement in (
+                *self.dialect.queue_statements(address).create,
+                *self.dialect.delayed_statements(address).create,
+            )
         ]
         return statements + list(self.dialect.checkpoint_statements().create)
 
@@ -167,6 +175,31 @@ class Transport(RangeReads):
             return self.dialect.printable(statements)
         await self._run(partial(_execute_each, statements))
         return statements
+
+    async def install_delay_table(self, *, print_only: bool = False) -> list[str]:
+        """Create `BridgeDelays` (`delay_table`: this is the `delays:` connection), as
+        `install` creates queue tables."""
+        statements = list(DelayTable(self.dialect).create)
+        if print_only:
+            return self.dialect.printable(statements)
+        await self._run(partial(_execute_each, statements))
+        return statements
+
+    async def check_delay_table(self) -> None:
+        """Raise when `BridgeDelays` does not exist (this is the `delays:` connection)."""
+        self.dialect.before_check()
+        await self._run(self._check_delay_table)
+
+    def _check_delay_table(self, db: DbConnection) -> None:
+        try:
+            if not self.dialect.table_exists(db, DELAY_TABLE):
+                raise TransportError(
+                    f"{self.dialect.describe()}: table {self.dialect.table(DELAY_TABLE)}, where "
+                    "delays wait for destinations that cannot delay, does not exist (run "
+                    "`bridge install`)"
+                )
+        finally:
+            db.rollback()
 
     async def check(self, addresses: Sequence[str]) -> list[str]:
         """Reach the database (never creating it); raise when a table is missing; return
@@ -239,10 +272,27 @@ class Transport(RangeReads):
             oldest = scalar(db, statements.oldest, params)
             expired = int(scalar(db, statements.expired, params) or 0)
             elsewhere = layout.elsewhere(db, address)
+            delayed, next_due = self._delayed(address, db)
         finally:
             db.rollback()
         age = layout.oldest_age(oldest, time.time())
-        return QueueStats(depth=depth, oldest_age_seconds=age, expired=expired, elsewhere=elsewhere)
+        return QueueStats(
+            depth=depth,
+            oldest_age_seconds=age,
+            expired=expired,
+            elsewhere=elsewhere,
+            delayed=delayed,
+            next_due_seconds=next_due,
+        )
+
+    def _delayed(self, address: str, db: DbConnection) -> tuple[int | None, float | None]:
+        """Delayed messages waiting for `address` and seconds until the next is due; (None,
+        None) when its delayed table does not exist."""
+        statements = self.dialect.delayed_statements(address)
+        if statements.table and not self.dialect.table_exists(db, statements.table):
+            return None, None
+        waiting = int(scalar(db, statements.waiting) or 0)
+        return waiting, seconds_to_next_due(statements, db) if waiting else None
 
 
 def _execute_each(statements: Sequence[str], db: DbConnection) -> None:

@@ -93,6 +93,13 @@ endpoint uses, written out).
 {{- $_ := set $routes "proxies" $proxies }}
 {{- end }}
 {{- end }}
+{{- if $routes.delays }}
+{{- $name := $routes.delays.connection }}
+{{- if not (hasKey $defined $name) }}
+{{- fail (printf "routes: delays: connection %q is not in routes.connections" $name) }}
+{{- end }}
+{{- $_ := set $used $name (index $defined $name) }}
+{{- end }}
 {{- $_ := set $routes "connections" $used }}
 {{- $_ := set $routes "http" (dict "host" "0.0.0.0" "port" (include "bridge.httpPort" . | int)) }}
 {{- toYaml $routes }}

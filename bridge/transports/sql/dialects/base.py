@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from bridge.errors import BridgeError, ConfigError
 from bridge.protocols import ServerConnections
@@ -24,6 +24,9 @@ from bridge.transports.sql.layouts.base import (
     QueueStatements,
     load_layout,
 )
+
+if TYPE_CHECKING:
+    from bridge.transports.sql.delayed import DelayedStatements
 
 __all__ = ["DbConnection", "DbCursor", "Dialect", "double_quote", "scalar"]
 
@@ -73,6 +76,8 @@ class Dialect(ABC):
     summed_rowcount: ClassVar[bool] = False
     #: Whether two transactions can delete rows of one table at once (not SQLite: one writer).
     concurrent_writers: ClassVar[bool] = True
+    #: The suffix of each queue table's delayed table (`bridge.transports.sql.delayed`).
+    delayed_suffix = "Delayed"
 
     def __init__(
         self, connection_name: str, layout: str, nginn: NGinnOptions | None = None
@@ -82,6 +87,7 @@ class Dialect(ABC):
         #: The connection's `nginn` settings (for `layout: nginn`).
         self.nginn = nginn
         self.layout: Layout = load_layout(layout, self)
+        self._delayed: dict[str, DelayedStatements] = {}
 
     # -- driver --------------------------------------------------------------------------------
 
@@ -224,6 +230,15 @@ class Dialect(ABC):
 
     def send_statement(self, db: DbConnection, name: str) -> str:
         return self.layout.send_statement(db, name)
+
+    def delayed_statements(self, name: str) -> DelayedStatements:
+        """The statements of queue table `name`'s delayed messages."""
+        from bridge.transports.sql.delayed import delayed_statements
+
+        found = self._delayed.get(name)
+        if found is None:
+            found = self._delayed[name] = delayed_statements(self, name, self.delayed_suffix)
+        return found
 
     #: The table a send of many rows is staged in, where the dialect has one (`stage_rows`).
     send_stage = ""

@@ -158,6 +158,7 @@ class PostgresDialect(Dialect):
         self.schema = config.schema_
         self.response_timeout = config.response_timeout
         super().__init__(connection_name, config.layout, config.nginn)
+        self.delayed_suffix = config.delayed_suffix
 
     def connect(self) -> DbConnection:
         import psycopg

@@ -119,6 +119,7 @@ class SqliteDialect(Dialect):
     def __init__(self, connection_name: str, config: SqliteConnection) -> None:
         self.config = config
         super().__init__(connection_name, config.layout, config.nginn)
+        self.delayed_suffix = config.delayed_suffix
 
     def connect(self) -> DbConnection:
         try:

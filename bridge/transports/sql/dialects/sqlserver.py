@@ -149,6 +149,7 @@ class SqlServerDialect(Dialect):
         #: database once the dialect has connected.
         self.database = config.catalog
         super().__init__(connection_name, config.layout, config.nginn)
+        self.delayed_suffix = config.delayed_suffix
 
     def connect(self) -> DbConnection:
         import pyodbc

@@ -51,6 +51,7 @@ __all__ = [
     "checkpoint_table",
     "checkpoint_upsert",
     "count_range",
+    "create_delayed_store",
     "create_index_expires",
     "create_index_rowversion",
     "create_queue",
@@ -60,6 +61,7 @@ __all__ = [
     "has_recoverable",
     "headers_type",
     "index_expires_count",
+    "move_due_delayed",
     "oldest",
     "purge_expired",
     "receive",
@@ -69,6 +71,7 @@ __all__ = [
     "send",
     "send_without_recoverable",
     "standalone_batch",
+    "store_delayed",
     "table_name",
 ]
 
@@ -205,6 +208,73 @@ def create_queue(table: str, catalog: str | None) -> str:
         (create_queue_table(table), create_index_rowversion(table), create_index_expires(table))
     )
     return _guarded_create(table, catalog, body)
+
+
+def create_delayed_store(table: str, catalog: str | None) -> str:
+    """`CreateDelayedMessageStoreText` (SqlServerConstants.cs:222-258), as one batch."""
+    body = (
+        f"CREATE TABLE {table} (\n"
+        "Headers nvarchar(max) NOT NULL,\n"
+        "Body varbinary(max),\n"
+        "Due datetime NOT NULL,\n"
+        "RowVersion bigint IDENTITY(1,1) NOT NULL\n"
+        ");\n"
+        f"CREATE NONCLUSTERED INDEX [Index_Due] ON {table}\n(\n[Due]\n)"
+    )
+    return _guarded_create(table, catalog, body)
+
+
+def store_delayed(table: str) -> str:
+    """`StoreDelayedMessageText` (SqlServerConstants.cs:59-82); params (@Headers, @Body,
+    @DueAfterDays, @DueAfterHours, @DueAfterMinutes, @DueAfterSeconds,
+    @DueAfterMilliseconds), a TimeSpan's parts (StoreDelayedMessageCommand.cs:26-35)."""
+    return (
+        "DECLARE @Headers nvarchar(max) = ?, @Body varbinary(max) = ?, @DueAfterDays int = ?, "
+        "@DueAfterHours int = ?, @DueAfterMinutes int = ?, @DueAfterSeconds int = ?, "
+        "@DueAfterMilliseconds int = ?;\n"
+        "DECLARE @NOCOUNT VARCHAR(3) = 'OFF';\n"
+        "IF ( (512 & @@OPTIONS) = 512 ) SET @NOCOUNT = 'ON'\n"
+        "SET NOCOUNT ON;\n"
+        "DECLARE @DueAfter DATETIME = GETUTCDATE();\n"
+        "SET @DueAfter = DATEADD(ms, @DueAfterMilliseconds, @DueAfter);\n"
+        "SET @DueAfter = DATEADD(s, @DueAfterSeconds, @DueAfter);\n"
+        "SET @DueAfter = DATEADD(n, @DueAfterMinutes, @DueAfter);\n"
+        "SET @DueAfter = DATEADD(hh, @DueAfterHours, @DueAfter);\n"
+        "SET @DueAfter = DATEADD(d, @DueAfterDays, @DueAfter);\n"
+        f"INSERT INTO {table} (\n"
+        "    Headers,\n"
+        "    Body,\n"
+        "    Due)\n"
+        "VALUES (\n"
+        "    @Headers,\n"
+        "    @Body,\n"
+        "    @DueAfter);\n"
+        "IF(@NOCOUNT = 'ON') SET NOCOUNT ON;\n"
+        "IF(@NOCOUNT = 'OFF') SET NOCOUNT OFF;"
+    )
+
+
+def move_due_delayed(delayed: str, table: str) -> str:
+    """`MoveDueDelayedMessageText` (SqlServerConstants.cs:109-125); params (@BatchSize,). Its
+    last result set is (UtcNow, NextDue); the bridge reads the next due time with its own
+    query instead, in seconds by the database clock."""
+    return (
+        "DECLARE @BatchSize int = ?;\n"
+        ";WITH message AS (\n"
+        "    SELECT TOP(@BatchSize) *\n"
+        f"    FROM {delayed} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
+        "    WHERE Due < GETUTCDATE())\n"
+        "DELETE FROM message\n"
+        "OUTPUT\n"
+        "    NEWID(),\n"
+        "    NULL,\n"
+        "    NULL,\n"
+        "    1,\n"
+        "    NULL,\n"
+        "    deleted.Headers,\n"
+        "    deleted.Body\n"
+        f"INTO {table} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body);"
+    )
 
 
 def send(table: str) -> str:

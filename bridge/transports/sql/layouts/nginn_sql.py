@@ -71,6 +71,10 @@ class NGinnStatements:
     elsewhere  params (endpoint,) -> `I` rows for other endpoints (NGinn's to forward)
     mover    no params: due `R` rows back to `I`
     cleanup  no params: `X` rows older than the retention deleted
+    send_delayed  params `OutgoingNGinnRow` with the delay in ms after `to_endpoint`: an `R`
+             row whose `retry_time` is the database's local clock + the delay
+    next_due no params -> one row: seconds until the earliest `R` row is due (NULL: none)
+    scheduled  no params -> one row: `R` rows waiting
     """
 
     create: tuple[str, ...]
@@ -83,6 +87,9 @@ class NGinnStatements:
     elsewhere: str
     mover: str
     cleanup: str
+    send_delayed: str
+    next_due: str
+    scheduled: str
 
 
 def statements(dialect: Dialect, name: str, zone: str) -> NGinnStatements:
@@ -126,6 +133,8 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"CREATE INDEX IF NOT EXISTS {d.quote(f'IDX_{name}_subqueue_retry_time')} "
             f"ON {t} (subqueue, retry_time) INCLUDE (id)",
         )
+        due = f"{now} + {p} * INTERVAL '1 millisecond'"
+        next_due = f"EXTRACT(EPOCH FROM min(retry_time) - {now})"
         age = f"EXTRACT(EPOCH FROM {now} - min(insert_time))"
         ttl_at = "strpos(msg_headers, '_NG-TTL=')"
         now_text = f"to_char({now}, 'YYYY-MM-DD HH24:MI:SS')"
@@ -152,6 +161,8 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"CREATE INDEX IF NOT EXISTS {d.quote(f'IDX_{name}_subqueue_retry_time')} "
             f"ON {t} (subqueue, retry_time)",
         )
+        due = f"{SQLITE_LOCAL}(strftime('%Y-%m-%d %H:%M:%f', 'now', ({p} / 1000.0) || ' seconds'))"
+        next_due = f"(julianday(min(retry_time)) - julianday({now})) * 86400.0"
         age = f"(julianday({now}) - julianday(min(insert_time))) * 86400.0"
         ttl_at = "instr(msg_headers, '_NG-TTL=')"
         now_text = f"strftime('%Y-%m-%d %H:%M:%S', {now})"
@@ -197,6 +208,12 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"{_taking(t, cleanup_where, pg)}DELETE FROM {qt}\n"
             + ("USING taken WHERE q.id = taken.id" if pg else _taken(t, cleanup_where, pg))
         ),
+        send_delayed=(
+            f"INSERT INTO {tp} ({_COLUMNS})\n"
+            f"VALUES ({p}, {p}, 'R', {now}, NULL, 0, {due}, {p}, {p}, {p}, {p}, {p}, {p})"
+        ),
+        next_due=f"SELECT {next_due} FROM {t} WHERE subqueue = 'R'",
+        scheduled=f"SELECT count(*) FROM {t} WHERE subqueue = 'R'",
     )
 
 
@@ -319,4 +336,22 @@ def _sqlserver(d: Dialect, name: str) -> NGinnStatements:
             "and subqueue='X')\n"
             "DELETE FROM done"
         ),
+        send_delayed=(
+            "DECLARE @from_endpoint varchar(50) = ?, @to_endpoint varchar(50) = ?, "
+            "@due_ms bigint = ?, "
+            "@error_info nvarchar(max) = ?, @msg_body nvarchar(max) = ?, "
+            "@correl_id varchar(100) = ?, @label varchar(100) = ?, "
+            "@headers nvarchar(max) = ?, @unique_id varchar(40) = ?;\n"
+            f"INSERT INTO {t} ([from_endpoint], [to_endpoint],[subqueue],"
+            "[insert_time],[last_processed],[retry_count],[retry_time],[error_info],[msg_text],"
+            "[correlation_id],[label], [msg_headers], [unique_id]) VALUES (@from_endpoint, "
+            "@to_endpoint, 'R', getdate(), null, 0, "
+            "DATEADD(ms, @due_ms % 1000, DATEADD(s, CAST(@due_ms / 1000 AS int), getdate())), "
+            "@error_info, @msg_body, @correl_id, @label, @headers, @unique_id);"
+        ),
+        next_due=(
+            "SELECT (CAST(min(retry_time) AS float) - CAST(getdate() AS float)) * 86400 "
+            f"FROM {t} with(nolock) where subqueue='R'"
+        ),
+        scheduled=f"select count(*) from {t} with(nolock) where subqueue='R'",
     )

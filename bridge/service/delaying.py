@@ -1,0 +1,219 @@
+"""Delays for destinations that cannot delay (Kafka), through the `delays:` SQL connection.
+
+A destination whose connection type has no delayed delivery (`MAX_DELAY_SECONDS` None: Kafka)
+refuses a message asked to be delivered later (`bridge.nservicebus.delays.refuse_delays`),
+unless the config names `delays: {connection: NAME}`: then its sink is a `DelayingSink`, which
+stores such a message in that connection's `BridgeDelays` table
+(`bridge.transports.sql.delay_table`) and sends the others on, and `bridge run` runs a
+`DelayedProducer`, which sends each stored message to its destination when it is due and only
+then deletes its row. A delay waits at most `MAX_WAIT` seconds past its due time (plus the
+send), whether or not the process that stored it still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from bridge.config.kinds import RULES
+from bridge.config.models import BridgeConfig
+from bridge.envelope import Envelope
+from bridge.errors import (
+    BridgeError,
+    HeadersFormatError,
+    MessageRejected,
+    MessagesRejected,
+    TransportError,
+)
+from bridge.nservicebus.delays import DELAY_WITH_TTL
+from bridge.protocols import Checkpoint, Sink, Transport
+from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
+from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
+from bridge.transports.sql.connection import Connection
+from bridge.transports.sql.delay_table import DelayRow, DelayTable
+from bridge.transports.sql.delayed import MOVE_BATCH
+from bridge.transports.sql.dialects.base import DbConnection
+from bridge.transports.sql.transport import Transport as SqlTransport
+
+__all__ = [
+    "DelayedProducer",
+    "DelayingSink",
+    "delayed_producer",
+    "delaying_sink",
+    "longest_delay",
+]
+
+log = logging.getLogger("bridge.delays")
+
+
+def longest_delay(config: BridgeConfig, connection: str) -> int | None:
+    """The longest delay a destination on `connection` can be given (None: none at all)."""
+    longest: int | None = RULES[config.connections[connection].type].MAX_DELAY_SECONDS
+    if longest is None and config.delays is not None:
+        return SQL_MAX_DELAY
+    return longest
+
+
+def delaying_sink(
+    config: BridgeConfig,
+    connection: str,
+    address: str,
+    key: str | None,
+    sink: Sink,
+    transport: Callable[[str], Transport],
+) -> Sink:
+    """`sink` itself, or a `DelayingSink` around it where its destination cannot delay and
+    the config names a `delays:` connection."""
+    kind = config.connections[connection].type
+    if config.delays is None or RULES[kind].MAX_DELAY_SECONDS is not None:
+        return sink
+    store = transport(config.delays.connection)
+    assert isinstance(store, SqlTransport)
+    return DelayingSink(sink, store, connection, address, key)
+
+
+def delayed_producer(
+    config: BridgeConfig, transport: Callable[[str], Transport]
+) -> DelayedProducer | None:
+    """The producer of the config's `delays:` connection, None without one."""
+    if config.delays is None:
+        return None
+    store = transport(config.delays.connection)
+    assert isinstance(store, SqlTransport)
+    return DelayedProducer(store, lambda name, address, key: transport(name).sink(address, key=key))
+
+
+class DelayingSink:
+    """Stores the messages of a send that are due later in `BridgeDelays`, then sends the rest
+    through `inner` (the module docstring)."""
+
+    def __init__(
+        self, inner: Sink, store: SqlTransport, connection: str, address: str, key: str | None
+    ) -> None:
+        self._inner = inner
+        self._table = DelayTable(store.dialect)
+        self._db = Connection(store.dialect, pool=store.pool)
+        self._to = (connection, address, key)
+
+    async def send(
+        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
+    ) -> None:
+        now = time.time()
+        later: list[Sequence[object]] = []
+        rest: list[int] = []
+        for index, envelope in enumerate(envelopes):
+            due = envelope.deliver_at
+            if due is None or due <= now:
+                rest.append(index)
+                continue
+            if envelope.expires_at is not None:
+                raise MessageRejected(f"delays: {DELAY_WITH_TTL}", index=index)
+            try:
+                later.append(
+                    self._table.store_params(envelope, round((due - now) * 1000), *self._to)
+                )
+            except HeadersFormatError as exc:
+                raise MessageRejected(f"delays: {exc}", index=index) from exc
+        if later:
+            await self._db.run(partial(self._store, later))
+        if not rest and not checkpoint:
+            return
+        try:
+            await self._inner.send([envelopes[i] for i in rest], checkpoint)
+        except MessagesRejected as exc:
+            mapped = [MessageRejected(str(r), _index(rest, r.index)) for r in exc.rejections]
+            raise MessagesRejected(mapped, rest_accepted=exc.rest_accepted) from exc
+        except MessageRejected as exc:
+            raise MessageRejected(str(exc), _index(rest, exc.index)) from exc
+
+    def _store(self, rows: list[Sequence[object]], db: DbConnection) -> None:
+        self._table.dialect.begin(db)
+        db.cursor().executemany(self._table.store, rows)
+        db.commit()
+
+    async def close(self) -> None:
+        await self._inner.close()
+        await self._db.close()
+
+
+def _index(positions: list[int], index: int | None) -> int | None:
+    return None if index is None else positions[index]
+
+
+class DelayedProducer:
+    """Sends the due rows of `BridgeDelays` on `store` to their destinations (a batch at a
+    time: sent, then deleted, in one transaction of the table); see the module docstring."""
+
+    def __init__(
+        self,
+        store: SqlTransport,
+        sink: Callable[[str, str, str | None], Sink],
+        batch: int = MOVE_BATCH,
+    ) -> None:
+        self.store = store
+        self._sink = sink
+        self._sinks: dict[tuple[str, str, str | None], Sink] = {}
+        self.batch = batch
+        self.table = DelayTable(store.dialect)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        db = Connection(self.store.dialect, pool=self.store.pool)
+        failures = 0
+        try:
+            while not stopping.is_set():
+                try:
+                    if await self._produce_due(db):
+                        failures = 0
+                        await asyncio.sleep(0)
+                        continue
+                    next_due = await db.run(self.table.seconds_to_next_due)
+                    failures = 0
+                    wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                except BridgeError as exc:
+                    failures += 1
+                    wait = min(MAX_BACKOFF, 0.5 * 2**failures)
+                    log.warning(
+                        "sending due delayed messages failed (again in %.0f s): %s", wait, exc
+                    )
+                if wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), timeout=wait)
+        finally:
+            for sink in self._sinks.values():
+                await sink.close()
+            await db.close()
+
+    async def _produce_due(self, db: Connection) -> bool:
+        """Send one batch of due rows and delete them; whether there was one."""
+        rows = await db.run(partial(self.table.take_due, self.batch))
+        if not rows:
+            return False
+        try:
+            groups: dict[tuple[str, str, str | None], list[DelayRow]] = {}
+            for row in rows:
+                groups.setdefault((row.connection, row.address, row.key), []).append(row)
+            for to, taken in groups.items():
+                sink = self._sinks.get(to)
+                if sink is None:
+                    try:
+                        sink = self._sinks[to] = self._sink(*to)
+                    except KeyError:  # a row stored under a config that had the connection
+                        raise TransportError(
+                            f"BridgeDelays holds a message for connection {to[0]!r}, which the "
+                            "config does not name"
+                        ) from None
+                await sink.send([row.envelope for row in taken])
+            await db.run(partial(self.table.done, [row.id for row in rows]))
+        except BaseException:
+            with contextlib.suppress(BridgeError):
+                await db.run(_roll_back)
+            raise
+        return True
+
+
+def _roll_back(db: DbConnection) -> None:
+    db.rollback()

@@ -1,0 +1,161 @@
+"""`BridgeDelays`: where delays wait for destinations that cannot delay (Kafka).
+
+The table is this project's own, on the SQL connection `delays: {connection}` names
+(messaging-bridge.md §4), next to its queue tables; `bridge install` creates it. A row holds one
+message: the destination (connection name, address, the route's record key setting), the
+headers (the Headers column's JSON, `bridge.transports.sql.headers`), the body and when it is
+due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
+stores rows and produces them when due: it takes a batch of due rows in a transaction (rows
+other transactions hold are skipped: several processes compete safely), sends them, and
+deletes them in that transaction only after the destination acknowledged them, so a crash
+between the two sends them again (at least once, never lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bridge.envelope import Envelope
+from bridge.transports.sql import headers as headers_codec
+from bridge.transports.sql.dialects.base import DbConnection, Dialect
+from bridge.transports.sql.layouts.base import new_id
+
+__all__ = ["TABLE", "DelayRow", "DelayTable"]
+
+TABLE = "BridgeDelays"
+
+
+@dataclass(frozen=True, slots=True)
+class DelayRow:
+    id: str
+    connection: str
+    address: str
+    key: str | None
+    envelope: Envelope
+
+
+class DelayTable:
+    """The statements of `BridgeDelays` on one dialect, and its row mapping."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        d, p = dialect, dialect.placeholder
+        t = d.table(TABLE)
+        tp = d.param_safe(t)
+        columns = "Id, Connection, Address, RecordKey, Headers, Body, Due"
+        taken = "Id, Connection, Address, RecordKey, Headers, Body"
+        if d.kind == "sqlserver":
+            literal = t.replace("'", "''")
+            self.create: tuple[str, ...] = (
+                f"IF OBJECT_ID(N'{literal}', N'U') IS NULL\n"
+                f"CREATE TABLE {t} (\n  Id uniqueidentifier NOT NULL PRIMARY KEY,\n"
+                "  Connection nvarchar(200) NOT NULL,\n  Address nvarchar(400) NOT NULL,\n"
+                "  RecordKey nvarchar(400) NULL,\n  Headers nvarchar(max) NOT NULL,\n"
+                "  Body varbinary(max),\n  Due datetime NOT NULL,\n  INDEX Index_Due (Due)\n)",
+            )
+            self.store = (
+                f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
+                "DATEADD(ms, ? % 1000, DATEADD(s, CAST(? / 1000 AS int), GETUTCDATE())))"
+            )
+            self.take = (
+                f"SELECT TOP(?) {taken} FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
+                "WHERE Due <= GETUTCDATE() ORDER BY Due"
+            )
+            self.next_due = (
+                "SELECT TOP 1 (CAST(Due AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
+                f"FROM {t} WITH (READPAST) ORDER BY Due"
+            )
+        elif d.kind == "postgresql":
+            self.create = (
+                f"CREATE TABLE IF NOT EXISTS {t} (\n  Id uuid NOT NULL PRIMARY KEY,\n"
+                "  Connection text NOT NULL,\n  Address text NOT NULL,\n  RecordKey text NULL,\n"
+                "  Headers text NOT NULL,\n  Body bytea,\n  Due timestamptz NOT NULL\n)",
+                f"CREATE INDEX IF NOT EXISTS {d.quote(TABLE + '_Due')} ON {t} (Due)",
+            )
+            self.store = (
+                f"INSERT INTO {tp} ({columns}) VALUES "
+                f"({p}, {p}, {p}, {p}, {p}, {p}, now() + {p} * INTERVAL '1 millisecond')"
+            )
+            self.take = (
+                f"SELECT {taken} FROM {tp} WHERE Due <= now() ORDER BY Due "
+                f"LIMIT {p} FOR UPDATE SKIP LOCKED"
+            )
+            self.next_due = f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1"
+        else:
+            self.create = (
+                f"CREATE TABLE IF NOT EXISTS {t} (\n  Id TEXT NOT NULL PRIMARY KEY,\n"
+                "  Connection TEXT NOT NULL,\n  Address TEXT NOT NULL,\n  RecordKey TEXT NULL,\n"
+                "  Headers TEXT NOT NULL,\n  Body BLOB,\n  Due TEXT NOT NULL\n)",
+                f"CREATE INDEX IF NOT EXISTS {d.quote(TABLE + '_Due')} ON {t} (Due)",
+            )
+            self.store = (
+                f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
+                "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', (? / 1000.0) || ' seconds'))"
+            )
+            self.take = f"SELECT {taken} FROM {t} WHERE Due <= ? ORDER BY Due LIMIT ?"
+            self.next_due = (
+                f"SELECT (julianday(Due) - julianday('now')) * 86400.0 FROM {t} "
+                "ORDER BY Due LIMIT 1"
+            )
+        self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
+
+    def store_params(
+        self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
+    ) -> Sequence[Any]:
+        """HeadersFormatError where the row cannot hold the headers."""
+        headers = headers_codec.write(envelope.headers)
+        row = (new_id(), connection, address, key, headers, bytes(envelope.body))
+        return (*row, due_ms, due_ms) if self.dialect.kind == "sqlserver" else (*row, due_ms)
+
+    def take_due(self, batch: int, db: DbConnection) -> list[DelayRow]:
+        """Lock up to `batch` due rows in a transaction left open (rolled back when none)."""
+        self.dialect.begin(db)
+        cursor = db.cursor()
+        if self.dialect.kind == "sqlite":
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+            cursor.execute(self.take, (now, batch))
+        else:
+            cursor.execute(self.take, (batch,))
+        rows = [
+            DelayRow(
+                id=str(row[0]),
+                connection=str(row[1]),
+                address=str(row[2]),
+                key=row[3],
+                envelope=Envelope(headers_codec.decode(_text(row[4])), _bytes(row[5])),
+            )
+            for row in cursor.fetchall()
+        ]
+        if not rows:
+            db.rollback()
+        return rows
+
+    def done(self, ids: Sequence[str], db: DbConnection) -> None:
+        """Delete the rows `take_due` took, and commit."""
+        db.cursor().executemany(self.delete, [(i,) for i in ids])
+        db.commit()
+
+    def seconds_to_next_due(self, db: DbConnection) -> float | None:
+        cursor = db.cursor()
+        try:
+            cursor.execute(self.next_due)
+            row = cursor.fetchone()
+        finally:
+            db.rollback()
+        return None if row is None or row[0] is None else float(row[0])
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _bytes(value: object) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    assert isinstance(value, bytes | bytearray | memoryview)
+    return bytes(value)

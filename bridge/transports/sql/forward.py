@@ -1,0 +1,75 @@
+"""Rows that still carry `NServiceBus.SqlServer.ForwardDestination`, taken as NServiceBus does.
+
+A delayed message moved out of an endpoint's delayed table lands in that endpoint's input queue
+with the header naming where it was sent (`bridge.transports.sql.delayed`). The receiver
+strips it; when it names the input queue itself the message is handled there, and when it
+names another queue it is sent there, on the same connection and in the receive's transaction,
+instead of being handled (Sql.Shared/Receiving/ProcessStrategy.cs:75-124). A source does the
+same: the message goes on over its route in the first case, and into the named table in its
+batch's transaction in the second. A destination in another schema or catalog, or a table
+that does not exist, makes the message a poison message (NServiceBus fails it and, after its
+retries, moves it to the error queue: ProcessStrategy.cs:104-121).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import cast
+
+from bridge.envelope import Envelope, PoisonMessage
+from bridge.errors import HeadersFormatError
+from bridge.transports.sql.addresses import address_key
+from bridge.transports.sql.config import SqlConnection
+from bridge.transports.sql.delayed import FORWARD_DESTINATION
+from bridge.transports.sql.dialects.base import DbConnection, Dialect
+
+__all__ = ["Forwards"]
+
+
+class Forwards:
+    """The forwarding of one source's rows (queue table `address` on `dialect`)."""
+
+    def __init__(self, dialect: Dialect, address: str) -> None:
+        self._dialect = dialect
+        self._config = cast(SqlConnection, getattr(dialect, "config"))  # noqa: B009
+        self._own = address_key(self._config, address)
+        self._exists: set[str] = set()
+
+    def take(self, envelope: Envelope, db: DbConnection) -> Envelope | PoisonMessage | None:
+        """`envelope` with the header stripped when it is this queue's; None when it was sent
+        on to another table in `db`'s open transaction; a poison message when it cannot be."""
+        if FORWARD_DESTINATION not in envelope.headers:  # one look for nearly every message
+            return envelope
+        target = envelope.headers.get(FORWARD_DESTINATION)
+        envelope.headers.remove(FORWARD_DESTINATION)
+        if not target:
+            return envelope
+        key = address_key(self._config, target)
+        if key == self._own:
+            return envelope
+        table = key[0]
+        if key != address_key(self._config, table):
+            return self._poison(envelope, f"{FORWARD_DESTINATION} {target!r} is in another schema")
+        if table not in self._exists:
+            if not self._dialect.table_exists(db, table):
+                return self._poison(envelope, f"{FORWARD_DESTINATION} {target!r} does not exist")
+            self._exists.add(table)
+        dialect = self._dialect
+        try:
+            row = dialect.layout.outgoing(envelope, time.time(), address=table)
+        except HeadersFormatError as exc:
+            return self._poison(envelope, str(exc))
+        db.cursor().execute(dialect.send_statement(db, table), dialect.send_params(row))
+        return None
+
+    def _poison(self, envelope: Envelope, reason: str) -> PoisonMessage:
+        # Its headers are readable: the error copy carries them as headers, not as raw text
+        # (which would make a retry from the error queue a poison message again).
+        return PoisonMessage(
+            raw_headers=None,
+            body=bytes(envelope.body),
+            reason=f"{self._dialect.describe()}: {reason}",
+            exception_type="QueueNotFoundException",
+            native_id=envelope.native_id,
+            headers=envelope.headers,
+        )

@@ -1,0 +1,385 @@
+"""Delayed tables on real PostgreSQL and SQLite: many delayed messages due at one second are
+moved once each, in batches, by two movers competing; a message NServiceBus delayed on the
+source side crosses PostgreSQL -> RabbitMQ once and at once, its `NServiceBus.DeliverAt` never
+read; a row whose ForwardDestination names another queue goes there on the source connection.
+
+NServiceBus.SqlServer: Sql.Shared/DelayedDelivery/DueDelayedMessageProcessor.cs:86-101 (one
+transaction per batch), DelayedDeliveryOptions.cs:38 (batches of 100), PostgreSqlConstants.cs:
+21-30 (the store, used here to write the rows as an endpoint would), :46-53 (the move),
+Sql.Shared/Receiving/ProcessStrategy.cs:75-124 (a receiver strips ForwardDestination; when it
+names another queue, the message is sent there in the receive's transaction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import textwrap
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pika
+import psycopg
+import pytest
+
+from bridge.config.loader import load_config
+from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.wireformat import format_timestamp
+from bridge.service.movers import DelayedMover
+from bridge.transports import load
+from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
+from bridge.transports.sql.transport import Transport as SqlTransport
+from tests.faults import BridgeProcess
+from tests.support.queues import drain
+
+pytestmark = pytest.mark.integration
+
+MANY = 10_000
+
+
+def rabbit_arrivals(url: str, queue: str, until: float) -> list[tuple[float, Any]]:
+    """When each message reached `queue` and its properties: the first, polled until `until`,
+    then any that follow within 2 s."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    channel = connection.channel()
+    arrivals: list[tuple[float, Any]] = []
+    try:
+        while time.time() < until and not arrivals:
+            method, properties, _ = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                time.sleep(0.05)
+                continue
+            arrivals.append((time.time(), properties))
+        time.sleep(2.0)
+        while (got := channel.basic_get(queue, auto_ack=True))[0] is not None:
+            arrivals.append((time.time(), got[1]))
+    finally:
+        connection.close()
+    return arrivals
+
+
+def sql_connection(kind: str, tmp_path: Path, pg_dsn: str, schema: str) -> dict[str, Any]:
+    if kind == "sqlite":
+        return {"type": "sqlite", "path": str(tmp_path / "q.db")}
+    return {"type": "postgresql", "dsn": pg_dsn, "schema": schema}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_10000_delayed_messages_due_at_one_second_are_moved_once_in_batches(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, kind: str
+) -> None:
+    from bridge.config.models import BridgeConfig
+
+    config = BridgeConfig.model_validate(
+        {"connections": {"db": sql_connection(kind, tmp_path, pg_dsn, pg_schema)}}
+    )
+    transport = load("db", config.connections["db"])
+    assert isinstance(transport, SqlTransport)
+    movers = [DelayedMover(transport, "Out"), DelayedMover(transport, "Out")]
+    stopping = asyncio.Event()
+    try:
+        await transport.install(["Out"])
+        due = time.time() + 1.5
+        sink = transport.sink("Out")
+        sent = [f"m-{n}" for n in range(MANY)]
+        await sink.send(
+            [Envelope(Headers([("NServiceBus.MessageId", i)]), b"{}", deliver_at=due) for i in sent]
+        )
+        await sink.close()
+        assert (await transport.peek("Out")).delayed == MANY
+        running = [asyncio.create_task(m.run(stopping)) for m in movers]
+        await asyncio.sleep(max(0.0, due - time.time()))
+        before = sum(m.moves for m in movers)
+        started = time.monotonic()
+        deadline = started + 60
+        while time.monotonic() < deadline:
+            if not (await transport.peek("Out")).delayed:
+                break
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - started
+        stopping.set()
+        await asyncio.gather(*running)
+        moves = sum(m.moves for m in movers) - before
+        got = [e.message_id for e in await drain(transport, "Out", batch_size=5000)]
+    finally:
+        stopping.set()
+        await transport.close()
+    print(f"\n{kind}: {MANY} due at one second moved in {took:.2f} s, {moves} rounds")
+    assert sorted(got) == sorted(sent)  # each once
+    # Rounds of the movers: batches of 100 (and a few looks that found nothing due, or
+    # rows the other mover held): never one transaction per message.
+    assert MANY // 100 <= moves < MANY // 20
+
+
+async def test_a_message_nservicebus_delayed_crosses_postgresql_to_rabbitmq_once_and_at_once(
+    tmp_path: Path, pg_dsn: str, pg_schema: str, rabbitmq_url: str, rabbitmq_queues: Any
+) -> None:
+    """An NServiceBus endpoint delayed it: a row of the source's Delayed table, moved by the
+    mover into the source, which takes it; `NServiceBus.DeliverAt` says a minute later (the
+    sender's clock ahead of the database's), and must not delay it again."""
+    queue = rabbitmq_queues("Billing")
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              pg: {{type: postgresql, dsn: "{pg_dsn}", schema: {pg_schema}}}
+              rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", topology: direct}}
+            routes:
+              - name: sales-to-billing
+                from: {{connection: pg, queue: Sales}}
+                to: {{connection: rabbit, queue: "{queue}"}}
+            """
+        )
+    )
+    loaded = load_config(config).config
+    pg = load("pg", loaded.connections["pg"])
+    rabbit = load("rabbit", loaded.connections["rabbit"])
+    assert isinstance(pg, SqlTransport)
+    try:
+        await pg.install(["Sales", "Other"])
+        await rabbit.install([queue])
+    finally:
+        await rabbit.close()
+    delayed = pg.dialect.delayed_statements("Sales")
+    due_in_ms = 1500
+    due = time.time() + due_in_ms / 1000
+    deliver_at = format_timestamp(datetime.fromtimestamp(due + 60, UTC))
+    rows = []
+    for message_id, forward in (("to-billing", "Sales"), ("to-other", "Other")):
+        headers = Headers(
+            [
+                ("NServiceBus.MessageId", message_id),
+                ("NServiceBus.DeliverAt", deliver_at),
+                ("NServiceBus.EnclosedMessageTypes", "Sales.OrderBilled"),
+            ]
+        )
+        rows.append(
+            store_params(pg.dialect, Envelope(headers, b"{}"), due_in_ms, forward, time.time())
+        )
+    with psycopg.connect(pg_dsn) as db:
+        db.cursor().executemany(delayed.store, rows)
+    process = BridgeProcess(config, "run").start()
+    try:
+        arrivals = await asyncio.to_thread(rabbit_arrivals, rabbitmq_url, queue, due + 10)
+        process.stop()
+        other = await drain(pg, "Other")
+        left = await pg.peek("Sales")
+    finally:
+        process.kill()
+        await pg.close()
+    assert [p.message_id for _, p in arrivals] == ["to-billing"], process.output()
+    arrived, properties = arrivals[0]
+    lateness = arrived - due
+    print(f"\nNServiceBus delayed message PostgreSQL -> RabbitMQ: {lateness:+.2f} s after due")
+    assert 0 <= lateness < 2.5, f"{lateness:.2f} s after it was due: delayed again?"
+    headers = properties.headers or {}
+    assert headers["NServiceBus.DeliverAt"] == deliver_at  # information only, carried on
+    assert FORWARD_DESTINATION not in headers  # stripped, as the receiver strips it
+    (forwarded,) = other
+    assert forwarded.message_id == "to-other"
+    assert FORWARD_DESTINATION not in forwarded.headers
+    assert (left.depth, left.delayed) == (0, 0)
+
+
+def test_send_delay_to_kafka_without_a_delays_connection_exits_2_with_the_reason(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        f'connections:\n  kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}"}}\n'
+        "routes: []\n"
+    )
+    command = [sys.executable, "-m", "bridge", "send", "kafka", "t", "--delay", "1.00:00:00"]
+    result = subprocess.run(
+        [*command, "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "connection 'kafka' (kafka) cannot hold a delayed message, and the config names no " in (
+        result.stderr
+    )
+
+
+async def test_a_delay_with_a_time_to_live_is_refused_and_peek_shows_what_waits(
+    tmp_path: Path,
+) -> None:
+    """NServiceBus refuses a delayed message with a time to be received (it could expire while
+    it waits); `peek` shows the delayed messages waiting and when the next is due."""
+    from bridge.commands import describe_stats
+    from bridge.config.models import SqliteConnection
+    from bridge.errors import MessageRejected
+
+    transport = load("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    try:
+        await transport.install(["Out"])
+        sink = transport.sink("Out")
+        now = time.time()
+        later = Envelope(Headers([("NServiceBus.MessageId", "later")]), b"{}", deliver_at=now + 60)
+        expiring = Envelope(Headers(), b"{}", expires_at=now + 600, deliver_at=now + 60)
+        with pytest.raises(MessageRejected, match="NServiceBus refuses postponed") as refused:
+            await sink.send([later, expiring])
+        assert refused.value.index == 1
+        await sink.send([later])
+        await sink.close()
+        stats = await transport.peek("Out")
+    finally:
+        await transport.close()
+    assert (stats.depth, stats.delayed) == (0, 1)
+    assert stats.next_due_seconds is not None and 58 < stats.next_due_seconds <= 60
+    text = describe_stats("db", "Out", stats, as_json=False)
+    assert text.endswith(f"  delayed: 1\n  next due: in {stats.next_due_seconds:.1f} s")
+
+
+class Refusing:
+    """A sink that refuses the message with id `refused` (as Kafka refuses a record too
+    large), and keeps the others."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.later = asyncio.Event()
+
+    async def send(self, envelopes: Any, checkpoint: Any = None) -> None:
+        from bridge.errors import MessageRejected
+
+        for index, envelope in enumerate(envelopes):
+            if envelope.message_id == "refused":
+                raise MessageRejected("too large", index=index)
+            self.sent.append(envelope.message_id)
+            if envelope.message_id == "later":
+                self.later.set()
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_delays_for_a_destination_that_cannot_delay_wait_in_bridgedelays(
+    tmp_path: Path,
+) -> None:
+    """`delays:`: a send's messages due later are stored in BridgeDelays, the others go on at
+    once, and a refusal names the message by its place in the whole send; the producer sends
+    the stored ones when due, and deletes them."""
+    from bridge.config.models import BridgeConfig
+    from bridge.errors import MessageRejected
+    from bridge.service.delaying import DelayedProducer, delaying_sink
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {"type": "sqlite", "path": str(tmp_path / "q.db")},
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    inner = Refusing()
+    sink = delaying_sink(config, "kafka", "topic", None, inner, lambda name: lite)
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        due = time.time() + 1.0
+
+        def message(message_id: str, deliver_at: float | None = None) -> Envelope:
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            return Envelope(headers, b"{}", deliver_at=deliver_at)
+
+        with pytest.raises(MessageRejected) as refused:
+            await sink.send([message("later", due), message("now"), message("refused")])
+        assert refused.value.index == 2  # its place in the send, not among those sent on
+        assert inner.sent == ["now"]
+        producer = DelayedProducer(lite, lambda connection, address, key: inner)
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.wait_for(inner.later.wait(), timeout=10)
+        arrived = time.time()
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await sink.close()
+        await lite.close()
+    assert inner.sent == ["now", "later"]
+    assert 0 <= arrived - due < 1.5
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        assert db.execute('SELECT count(*) FROM "BridgeDelays"').fetchone() == (0,)
+
+
+async def test_a_forward_destination_that_does_not_exist_is_a_poison_message(
+    tmp_path: Path,
+) -> None:
+    """NServiceBus fails a message whose ForwardDestination table does not exist
+    (ProcessStrategy.cs:104-121: QueueNotFoundException); the bridge sends it to the error
+    queue with the reason, and takes the rows around it as usual."""
+    from bridge.config.models import SqliteConnection
+
+    transport = load("db", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    try:
+        await transport.install(["In", "err"])
+        sink = transport.sink("In")
+        await sink.send(
+            [
+                Envelope(Headers([("NServiceBus.MessageId", "a")]), b"{}"),
+                Envelope(
+                    Headers(
+                        [("NServiceBus.MessageId", "b"), (FORWARD_DESTINATION, '"main"."Nowhere"')]
+                    ),
+                    b"{}",
+                ),
+                Envelope(
+                    Headers([("NServiceBus.MessageId", "c"), (FORWARD_DESTINATION, '"main"."In"')]),
+                    b"{}",
+                ),
+            ]
+        )
+        await sink.close()
+        source = transport.source("In", error_queue="err")
+        batch = await source.receive_batch(10, 1.0)
+        async with batch:
+            taken = [(e.message_id, FORWARD_DESTINATION in e.headers) for e in batch.messages]
+            (poison,) = batch.poison
+            await batch.commit()
+        await source.close()
+        errors = await drain(transport, "err")
+    finally:
+        await transport.close()
+    assert taken == [("a", False), ("c", False)]
+    assert 'NServiceBus.SqlServer.ForwardDestination \'"main"."Nowhere"\' does not exist' in (
+        poison.reason
+    )
+    (copy,) = errors  # an error copy with readable headers (a retry of it crosses)
+    assert copy.message_id == "b" and FORWARD_DESTINATION not in copy.headers
+    assert "does not exist" in (copy.headers.get("NServiceBus.ExceptionInfo.Message") or "")
+
+
+def test_check_connect_finds_bridgedelays_on_the_delays_connection(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        f'connections:\n  lite: {{type: sqlite, path: "{tmp_path / "q.db"}"}}\n'
+        "routes: []\ndelays: {connection: lite}\n"
+    )
+
+    def bridge(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "bridge", *args, "-c", str(config)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    sqlite3.connect(tmp_path / "q.db").close()  # the file, without the table
+    missing = bridge("check", "--connect")
+    assert missing.returncode == 1, missing.stderr
+    assert "lite: FAILED: sqlite connection 'lite': table \"BridgeDelays\", where delays wait" in (
+        missing.stdout
+    )
+    assert bridge("install").returncode == 0
+    found = bridge("check", "--connect")
+    assert found.returncode == 0, found.stdout
+    assert "lite: OK (BridgeDelays)" in found.stdout

@@ -1,0 +1,295 @@
+"""Delayed-message statements without a database: the SQL Server text against NServiceBus's
+own (SqlServerConstants.cs), parsed as T-SQL; the PostgreSQL store and move against
+PostgreSqlConstants.cs; the TimeSpan parts of a store; the forwarding header's address.
+
+NServiceBus.SqlServer: src/NServiceBus.Transport.SqlServer/Queuing/SqlServerConstants.cs:59-82
+(StoreDelayedMessageText), :109-125 (MoveDueDelayedMessageText), :222-258
+(CreateDelayedMessageStoreText); src/NServiceBus.Transport.PostgreSql/PostgreSqlConstants.cs:21-30,
+46-53, 111-119; Sql.Shared/DelayedDelivery/StoreDelayedMessageCommand.cs:18, 26-35.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from bridge.config.loader import parse_config
+from bridge.envelope import Envelope, Headers
+from bridge.errors import ConfigError
+from bridge.transports.sql import headers as headers_codec
+from bridge.transports.sql.config import PostgresConnection, SqlServerConnection
+from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
+from bridge.transports.sql.dialects import tsql
+from bridge.transports.sql.dialects.postgresql import PostgresDialect
+from bridge.transports.sql.dialects.sqlserver import SqlServerDialect
+from bridge.transports.sql.transport import Transport
+
+T = "[nservicebus].[dbo].[Sales.Delayed]"  # {0}
+Q = "[nservicebus].[dbo].[Sales]"  # {1} of the move
+
+# SqlServerConstants.cs:222-258, {0} and {1} filled in.
+CREATE_DELAYED = f"""
+IF EXISTS (
+    SELECT *
+    FROM [nservicebus].sys.objects
+    WHERE object_id = OBJECT_ID(N'{T}')
+        AND type in (N'U'))
+RETURN
+
+EXEC sp_getapplock @Resource = '{T}_lock', @LockMode = 'Exclusive'
+
+IF EXISTS (
+    SELECT *
+    FROM [nservicebus].sys.objects
+    WHERE object_id = OBJECT_ID(N'{T}')
+        AND type in (N'U'))
+BEGIN
+    EXEC sp_releaseapplock @Resource = '{T}_lock'
+    RETURN
+END
+
+BEGIN TRY
+    CREATE TABLE {T} (
+        Headers nvarchar(max) NOT NULL,
+        Body varbinary(max),
+        Due datetime NOT NULL,
+        RowVersion bigint IDENTITY(1,1) NOT NULL
+    );
+
+    CREATE NONCLUSTERED INDEX [Index_Due] ON {T}
+    (
+        [Due]
+    )
+END TRY
+BEGIN CATCH
+    EXEC sp_releaseapplock @Resource = '{T}_lock';
+    THROW;
+END CATCH;
+
+EXEC sp_releaseapplock @Resource = '{T}_lock'"""
+
+# SqlServerConstants.cs:59-82
+STORE = f"""
+DECLARE @NOCOUNT VARCHAR(3) = 'OFF';
+IF ( (512 & @@OPTIONS) = 512 ) SET @NOCOUNT = 'ON'
+SET NOCOUNT ON;
+
+DECLARE @DueAfter DATETIME = GETUTCDATE();
+SET @DueAfter = DATEADD(ms, @DueAfterMilliseconds, @DueAfter);
+SET @DueAfter = DATEADD(s, @DueAfterSeconds, @DueAfter);
+SET @DueAfter = DATEADD(n, @DueAfterMinutes, @DueAfter);
+SET @DueAfter = DATEADD(hh, @DueAfterHours, @DueAfter);
+SET @DueAfter = DATEADD(d, @DueAfterDays, @DueAfter);
+
+INSERT INTO {T} (
+    Headers,
+    Body,
+    Due)
+VALUES (
+    @Headers,
+    @Body,
+    @DueAfter);
+
+IF(@NOCOUNT = 'ON') SET NOCOUNT ON;
+IF(@NOCOUNT = 'OFF') SET NOCOUNT OFF;"""
+
+# SqlServerConstants.cs:109-121 (the move; the bridge reads the next due time by itself)
+MOVE = f"""
+;WITH message AS (
+    SELECT TOP(@BatchSize) *
+    FROM {T} WITH (UPDLOCK, READPAST, ROWLOCK)
+    WHERE Due < GETUTCDATE())
+DELETE FROM message
+OUTPUT
+    NEWID(),
+    NULL,
+    NULL,
+    1,
+    NULL,
+    deleted.Headers,
+    deleted.Body
+INTO {Q} (Id, CorrelationId, ReplyToAddress, Recoverable, Expires, Headers, Body);"""
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def sqlserver(**more: Any) -> SqlServerDialect:
+    config = SqlServerConnection.model_validate(
+        {"type": "sqlserver", "dsn": "Driver=x", "catalog": "nservicebus"} | more
+    )
+    return SqlServerDialect("legacy", config)
+
+
+def postgres() -> PostgresDialect:
+    config = PostgresConnection.model_validate({"type": "postgresql", "dsn": "host=x"})
+    return PostgresDialect("pg", config)
+
+
+def parse(statement: str) -> list[Any]:
+    parsed = sqlglot.parse(statement, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+    assert all(e is not None and not isinstance(e, exp.Command) for e in parsed), parsed
+    return list(parsed)
+
+
+def test_sqlserver_delayed_statements_are_nservicebus_text_word_for_word() -> None:
+    statements = sqlserver().delayed_statements("Sales")
+    assert statements.table == "Sales.Delayed"
+    (create,) = statements.create
+    assert words(create) == words(CREATE_DELAYED)
+    declare, _, store = statements.store.partition(";\n")
+    assert words(store) == words(STORE)
+    assert declare.startswith("DECLARE @Headers nvarchar(max) = ?, @Body varbinary(max) = ?")
+    (move,) = statements.move
+    assert words(move.partition(";\n")[2]) == words(MOVE)
+
+
+def test_sqlserver_delayed_statements_parse_as_tsql_on_the_right_tables() -> None:
+    statements = sqlserver().delayed_statements("Sales")
+    pieces = [tsql.create_delayed_store(T, "nservicebus").split("BEGIN TRY\n")[1]]
+    pieces = pieces[0].split("\nEND TRY")[0].split(";\n")
+    for ddl in pieces:
+        (tree,) = parse(ddl)
+        assert isinstance(tree, exp.Create)
+        assert {t.name for t in tree.find_all(exp.Table)} == {"Sales.Delayed"}
+    # sqlglot reads no `IF ... SET NOCOUNT`: the parameters, and the insert on its own.
+    declare, _, rest = statements.store.partition(";\n")
+    assert [type(t).__name__ for t in parse(declare)] == ["Declare"]
+    insert_text = "INSERT INTO" + rest.split("INSERT INTO")[1].split(";")[0]
+    (insert,) = parse(insert_text)
+    assert isinstance(insert, exp.Insert)
+    assert insert.this.this.name == "Sales.Delayed"
+    # sqlglot reads only a one-part name after OUTPUT ... INTO (T-SQL takes three), and
+    # NServiceBus's `;WITH` (a guard for a statement before it) as an empty statement first.
+    move = statements.move[0]
+    assert f"INTO {Q} (Id," in move and ";\n;WITH message AS (" in move
+    declare, delete = parse(move.replace(f"INTO {Q}", "INTO [Sales]").replace(";\n;", ";\n"))
+    assert isinstance(declare, exp.Declare) and isinstance(delete, exp.Delete)
+    tables = {(t.catalog, t.db, t.name) for t in delete.find_all(exp.Table)}
+    assert tables == {("nservicebus", "dbo", "Sales.Delayed"), ("", "", "message")}
+    into = delete.args["returning"].args["into"]
+    assert into.this.this == "Sales" and len(into.expressions) == 7
+    for query in (statements.next_due, statements.waiting):
+        (tree,) = parse(query)
+        assert isinstance(tree, exp.Select)
+
+
+def test_the_delayed_suffix_is_the_connections() -> None:
+    """`TableSuffix`: SqlServer/DelayedDelivery/DelayedDeliveryOptions.cs:15-24."""
+    assert sqlserver(delayed_suffix="Later").delayed_statements("Sales").table == "Sales.Later"
+    assert postgres().delayed_statements("Sales").table == "Sales.Delayed"
+
+
+def test_postgresql_store_and_move_are_the_transports() -> None:
+    statements = postgres().delayed_statements("Sales")
+    assert words(statements.create[0]) == words(
+        'CREATE TABLE IF NOT EXISTS "public"."Sales.Delayed" ( Id uuid NOT NULL DEFAULT '
+        "gen_random_uuid() PRIMARY KEY, Headers text NOT NULL, Body bytea, Due timestamptz "
+        "NOT NULL ) WITH (fillfactor=100)"
+    )
+    assert words(statements.create[1]) == words(
+        'CREATE INDEX IF NOT EXISTS "Sales.Delayed_Due" on "public"."Sales.Delayed"(Due)'
+    )
+    assert "timestamptz (now() AT TIME ZONE 'UTC') + (%s || ' days ')::INTERVAL" in (
+        statements.store
+    )
+    assert words(statements.move[0]) == words(
+        'WITH message as (DELETE FROM "public"."Sales.Delayed" WHERE id in (SELECT id from '
+        '"public"."Sales.Delayed" WHERE "public"."Sales.Delayed".Due < now() AT TIME ZONE '
+        '\'UTC\' LIMIT %s) RETURNING id, headers, body) INSERT into "public"."Sales" (id, '
+        "expires, headers, body) SELECT id, NULL, headers, body FROM message"
+    )
+
+
+def test_a_store_carries_the_destination_and_the_delay_as_timespan_parts() -> None:
+    envelope = Envelope(Headers([("NServiceBus.MessageId", "m")]), b"{}")
+    ms = ((2 * 24 + 3) * 3600 + 4 * 60 + 5) * 1000 + 678
+    params = store_params(sqlserver(), envelope, ms, "Sales", 0.0)
+    headers = headers_codec.decode(params[0])
+    assert headers.get(FORWARD_DESTINATION) == "Sales@[dbo]@[nservicebus]"
+    assert params[1:] == (b"{}", 2, 3, 4, 5, 678)
+    assert FORWARD_DESTINATION not in envelope.headers
+    pg = store_params(postgres(), envelope, ms, "Sales", 0.0)
+    assert pg[:5] == (2, 3, 4, 5, 678)
+    assert headers_codec.decode(pg[5]).get(FORWARD_DESTINATION) == '"public"."Sales"'
+
+
+def test_install_creates_each_tables_delayed_table_after_it() -> None:
+    config = SqlServerConnection.model_validate(
+        {"type": "sqlserver", "dsn": "Driver=x", "catalog": "nservicebus"}
+    )
+    statements = Transport("legacy", config).install_statements(["Sales"])
+    assert len(statements) == 3
+    assert "CREATE TABLE [nservicebus].[dbo].[Sales] (" in statements[0]
+    assert "CREATE TABLE [nservicebus].[dbo].[Sales.Delayed] (" in statements[1]
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "sqlserver"])
+def test_nginn_delays_are_r_rows_due_by_the_database_clock(kind: str) -> None:
+    """nginn.md: a delayed message becomes an `R` row with `retry_time` computed by the
+    database clock."""
+    common = {"layout": "nginn", "nginn": {"alias": "db", "timezone": "Europe/Warsaw"}}
+    if kind == "postgresql":
+        dialect: Any = PostgresDialect(
+            "ng", PostgresConnection.model_validate({"type": kind, "dsn": "host=x"} | common)
+        )
+    else:
+        dialect = SqlServerDialect(
+            "ng",
+            SqlServerConnection.model_validate(
+                {"type": kind, "dsn": "Driver=x", "catalog": "c"} | common
+            ),
+        )
+    statements = dialect.delayed_statements("Orders")
+    assert statements.table == "" and statements.create == ()
+    assert "'R'" in statements.store
+    if kind == "sqlserver":
+        assert [type(t).__name__ for t in parse(statements.store)] == ["Declare", "Insert"]
+        assert [type(t).__name__ for t in parse(statements.next_due)] == ["Select"]
+
+
+# -- `delays:` (messaging-bridge.md §4) ---------------------------------------------------------
+
+DELAYS_CONFIG = """\
+connections:
+  local: {type: sqlite, path: ./bridge.db}
+  kafka: {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+routes: []
+delays: {connection: NAME}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("nowhere", "routes.yaml:5:22: delays.connection: no connection 'nowhere' (known: kafka"),
+        ("kafka", "routes.yaml:5:22: delays.connection: 'kafka' is a kafka connection; delays"),
+    ],
+)
+def test_delays_names_a_sql_connection_where_it_is_written(name: str, said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(DELAYS_CONFIG.replace("NAME", name), "routes.yaml", {})
+    assert str(info.value).startswith(said)
+
+
+def test_delays_on_a_sql_connection_is_fine() -> None:
+    config = parse_config(DELAYS_CONFIG.replace("NAME", "local"), "routes.yaml", {}).config
+    assert config.delays is not None and config.delays.connection == "local"
+
+
+def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
+    """`BridgeDelays` (this project's: bridge.transports.sql.delay_table) on SQL Server."""
+    from bridge.transports.sql.delay_table import DelayTable
+
+    table = DelayTable(sqlserver())
+    (create,) = table.create
+    guard, _, ddl = create.partition("\n")
+    assert guard == "IF OBJECT_ID(N'[nservicebus].[dbo].[BridgeDelays]', N'U') IS NULL"
+    for statement in (ddl, table.store, table.take, table.next_due, table.delete):
+        (tree,) = parse(statement)
+        names = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table)}
+        assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement
