@@ -57,6 +57,7 @@ import psycopg
 
 from bench.machine import machine
 from bench.messages import unique
+from tests.support.localkafka import free_port
 from tests.support.pgserver import PrivateServer
 
 HERE = Path(__file__).resolve().parents[1]
@@ -114,15 +115,6 @@ def routes_config(server: PrivateServer, routes: int, port: int, tag: str) -> st
         for i in range(routes)
     ]
     return "\n".join(lines) + "\n"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def running_routes(port: int) -> int:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,6 +95,27 @@ def rabbitmq_queues(rabbitmq_url: str) -> Iterator[Callable[..., str]]:
         cleanup.queue_delete(queue)
         cleanup.exchange_delete(queue)
     connection.close()
+
+
+@pytest.fixture
+async def rabbitmq_transports(rabbitmq_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """Build RabbitMQ transports (named `rabbit`) from RabbitMQConnection fields on the test
+    broker; each is closed after the test."""
+    from bridge.config.models import RabbitMQConnection
+    from bridge.transports.rabbitmq import Transport
+
+    made: list[Transport] = []
+
+    def build(**fields: Any) -> Transport:
+        config = RabbitMQConnection.model_validate(
+            {"type": "rabbitmq", "url": rabbitmq_url, **fields}
+        )
+        made.append(Transport("rabbit", config))
+        return made[-1]
+
+    yield build
+    for transport in made:
+        await transport.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

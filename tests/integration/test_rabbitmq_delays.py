@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pika
 import pytest
 
-from bridge.config.models import RabbitMQConnection
 from bridge.envelope import Envelope, Headers
 from bridge.transports.rabbitmq import Transport
 from bridge.transports.rabbitmq.delays import DELIVERY_EXCHANGE, declarations, level_name
@@ -22,23 +21,15 @@ from tests.support.management import api
 
 pytestmark = pytest.mark.integration
 
+Make = Callable[..., Transport]
+
 DELAY = 3
 
 
 @pytest.fixture
-async def make(rabbitmq_url: str) -> AsyncIterator[Callable[..., Transport]]:
-    made: list[Transport] = []
-
-    def build(**fields: Any) -> Transport:
-        config = RabbitMQConnection.model_validate(
-            {"type": "rabbitmq", "url": rabbitmq_url, **fields}
-        )
-        made.append(Transport("rabbit", config))
-        return made[-1]
-
-    yield build
-    for transport in made:
-        await transport.close()
+def make(rabbitmq_transports: Make) -> Make:
+    """Transports on the test broker (tests/conftest.py), closed after the test."""
+    return rabbitmq_transports
 
 
 def waiting_in(level: int, queue: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -33,7 +33,6 @@ import pika
 import pytest
 
 from bridge.config.loader import load_config
-from bridge.config.models import RabbitMQConnection
 from bridge.errors import AccessRefused, TransportError
 from bridge.transports import load
 from bridge.transports.rabbitmq import RabbitMQSource, Transport
@@ -61,19 +60,9 @@ def channel(rabbitmq_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-async def make(rabbitmq_url: str) -> AsyncIterator[Make]:
-    made: list[Transport] = []
-
-    def build(**fields: Any) -> Transport:
-        config = RabbitMQConnection.model_validate(
-            {"type": "rabbitmq", "url": rabbitmq_url, **fields}
-        )
-        made.append(Transport("rabbit", config))
-        return made[-1]
-
-    yield build
-    for transport in made:
-        await transport.close()
+def make(rabbitmq_transports: Make) -> Make:
+    """Transports on the test broker (tests/conftest.py), closed after the test."""
+    return rabbitmq_transports
 
 
 @pytest.fixture

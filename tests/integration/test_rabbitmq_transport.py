@@ -8,7 +8,7 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
@@ -42,20 +42,9 @@ def names(rabbitmq_queues: Callable[..., str]) -> Callable[..., str]:
 
 
 @pytest.fixture
-async def make(rabbitmq_url: str) -> AsyncIterator[Make]:
-    """Build transports (closed after the test) from RabbitMQConnection fields."""
-    made: list[Transport] = []
-
-    def build(**fields: Any) -> Transport:
-        config = RabbitMQConnection.model_validate(
-            {"type": "rabbitmq", "url": rabbitmq_url, **fields}
-        )
-        made.append(Transport("rabbit", config))
-        return made[-1]
-
-    yield build
-    for transport in made:
-        await transport.close()
+def make(rabbitmq_transports: Make) -> Make:
+    """Transports on the test broker (tests/conftest.py), closed after the test."""
+    return rabbitmq_transports
 
 
 def message(i: int, **extra: str | None) -> Envelope:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,14 +22,9 @@ from types import TracebackType
 
 import psycopg
 
+from tests.support.localkafka import free_port
+
 __all__ = ["PrivateServer"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _debian_tool(name: str) -> str | None:
@@ -51,7 +45,7 @@ class PrivateServer:
         self.bin = Path(bin_dir) if bin_dir else None
         self.settings = settings
         self.tls = tls
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="bridge-pg-"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
