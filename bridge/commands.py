@@ -27,7 +27,7 @@ from bridge.nservicebus.delays import DELAY_WITH_TTL, parse_delay, parse_deliver
 from bridge.nservicebus.messages import content_type_of, endpoint_message, parse_ttl
 from bridge.protocols import PreparesSources, QueueStats, ReadsOldestAge, Transport
 from bridge.service.capacity import connection_warnings
-from bridge.service.delaying import delaying_sink, longest_delay
+from bridge.service.delaying import delaying_sink, longest_delay, waiting_delays
 from bridge.telemetry.redact import redactor
 from bridge.transports import load
 from bridge.transports.sql.transport import Transport as SqlTransport
@@ -479,6 +479,13 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
     """Print a queue's depth, its oldest message's age and how many expired."""
     config = load_routes(config_path).config
     transport = _transport(config, connection)
+    opened = {connection: transport}
+
+    def transport_of(name: str) -> Transport:
+        if name not in opened:
+            opened[name] = _transport(config, name)
+        return opened[name]
+
     try:
         stats = await transport.peek(queue)
         if (
@@ -487,8 +494,13 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
             and isinstance(transport, ReadsOldestAge)
         ):
             stats = replace(stats, oldest_age_seconds=await transport.oldest_age(queue))
+        # A destination that cannot delay: its delayed messages wait in `delays:`.
+        waiting = await waiting_delays(config, connection, queue, transport_of)
+        if waiting is not None:
+            stats = replace(stats, delayed=waiting[0], next_due_seconds=waiting[1])
     finally:
-        await transport.close()
+        for opened_transport in opened.values():
+            await opened_transport.close()
     print(describe_stats(connection, queue, stats, as_json=as_json))
     return 0
 

@@ -45,6 +45,7 @@ __all__ = [
     "delayed_producer",
     "delaying_sink",
     "longest_delay",
+    "waiting_delays",
 ]
 
 log = logging.getLogger("bridge.delays")
@@ -74,6 +75,26 @@ def delaying_sink(
     store = transport(config.delays.connection)
     assert isinstance(store, SqlTransport)
     return DelayingSink(sink, store, connection, address, key)
+
+
+async def waiting_delays(
+    config: BridgeConfig,
+    connection: str,
+    address: str,
+    transport: Callable[[str], Transport],
+) -> tuple[int, float | None] | None:
+    """For `bridge peek`: how many delayed messages wait in `BridgeDelays` for a destination
+    that cannot delay, and seconds until the first is due; None where none can wait there."""
+    kind = config.connections[connection].type
+    if config.delays is None or RULES[kind].MAX_DELAY_SECONDS is not None:
+        return None
+    store = transport(config.delays.connection)
+    assert isinstance(store, SqlTransport)
+    db = Connection(store.dialect, pool=store.pool)
+    try:
+        return await db.run(partial(DelayTable(store.dialect).waiting_for, connection, address))
+    finally:
+        await db.close()
 
 
 def delayed_producer(

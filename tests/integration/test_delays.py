@@ -7,6 +7,7 @@ flow on."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import textwrap
@@ -128,3 +129,37 @@ async def test_a_delay_asked_for_on_kafka_is_carried_out_or_refused_by_the_desti
     headers = {name: (value or b"").decode() for name, value in refused.headers}
     assert headers["NServiceBus.MessageId"] == "later"
     assert "this destination cannot delay" in headers["NServiceBus.ExceptionInfo.Message"]
+
+
+async def test_peek_of_a_topic_shows_the_delays_waiting_for_it_in_bridge_delays(
+    tmp_path: Path, kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A topic cannot hold a delayed message: `bridge peek` shows those waiting for it in the
+    `delays:` connection's BridgeDelays, and when the first is due."""
+    from bridge.commands import peek, send
+
+    topic = unique("waiting")
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}", idempotence: false,
+                       partitions: 1}}
+              lite: {{type: sqlite, path: "{tmp_path / "delays.db"}"}}
+            delays: {{connection: lite}}
+            routes:
+              - {{name: r, from: {{connection: lite, queue: In}}, to: {{connection: kafka,
+                  topic: "{topic}"}}}}
+            """
+        )
+    )
+    await asyncio.to_thread(bridge, config, "install")
+    for delay in ("00:10:00", "00:05:00"):
+        args = {"headers": [], "body": "{}", "ttl": None, "count": 1, "delay": delay}
+        assert await send(str(config), "kafka", topic, **args) == 0
+    capsys.readouterr()
+    assert await peek(str(config), "kafka", topic, as_json=True) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["delayed"] == 2
+    assert 280 < stats["next_due_seconds"] <= 300

@@ -68,6 +68,10 @@ class DelayTable:
                 "SELECT TOP 1 (CAST(Due AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
                 f"FROM {t} WITH (READPAST) ORDER BY Due"
             )
+            self.waiting = (
+                "SELECT count(*), (CAST(min(Due) AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
+                f"FROM {t} WHERE Connection = ? AND Address = ?"
+            )
         elif d.kind == "postgresql":
             self.create = (
                 f"CREATE TABLE IF NOT EXISTS {t} (\n  Id uuid NOT NULL PRIMARY KEY,\n"
@@ -84,6 +88,10 @@ class DelayTable:
                 f"LIMIT {p} FOR UPDATE SKIP LOCKED"
             )
             self.next_due = f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1"
+            self.waiting = (
+                f"SELECT count(*), EXTRACT(EPOCH FROM min(Due) - now()) FROM {tp} "
+                f"WHERE Connection = {p} AND Address = {p}"
+            )
         else:
             self.create = (
                 f"CREATE TABLE IF NOT EXISTS {t} (\n  Id TEXT NOT NULL PRIMARY KEY,\n"
@@ -99,6 +107,10 @@ class DelayTable:
             self.next_due = (
                 f"SELECT (julianday(Due) - julianday('now')) * 86400.0 FROM {t} "
                 "ORDER BY Due LIMIT 1"
+            )
+            self.waiting = (
+                f"SELECT count(*), (julianday(min(Due)) - julianday('now')) * 86400.0 FROM {t} "
+                "WHERE Connection = ? AND Address = ?"
             )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
 
@@ -137,6 +149,20 @@ class DelayTable:
         """Delete the rows `take_due` took, and commit."""
         db.cursor().executemany(self.delete, [(i,) for i in ids])
         db.commit()
+
+    def waiting_for(
+        self, connection: str, address: str, db: DbConnection
+    ) -> tuple[int, float | None]:
+        """How many rows wait for `connection`/`address`, and seconds until the first is due."""
+        cursor = db.cursor()
+        try:
+            cursor.execute(self.waiting, (connection, address))
+            row = cursor.fetchone()
+        finally:
+            db.rollback()
+        count = int(row[0]) if row is not None else 0
+        due = None if not count or row is None or row[1] is None else max(0.0, float(row[1]))
+        return count, due
 
     def seconds_to_next_due(self, db: DbConnection) -> float | None:
         cursor = db.cursor()
