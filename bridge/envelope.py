@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "MESSAGE_ID",
@@ -132,6 +132,11 @@ class Envelope:
     @property
     def message_id(self) -> str | None:
         return self.headers.get(MESSAGE_ID)
+
+    def with_headers(self, headers: Headers) -> Envelope:
+        """The same message with other headers: everything else (its lifetime, native id,
+        delay request) goes along."""
+        return replace(self, headers=headers)
 
     def ttl_remaining(self, now: float | None = None) -> float | None:
         """Seconds of lifetime left (may be <= 0), or None when the message never expires."""

@@ -75,7 +75,7 @@ class RouteRules:
             headers.remove(name)
         for name, value in self._set.items():
             headers.set(name, value)
-        return Envelope(headers, envelope.body, envelope.expires_at, envelope.native_id)
+        return envelope.with_headers(headers)
 
     def _translate(self, headers: Headers) -> None:
         headers.remove(BRIDGE_FAILED_Q)

@@ -99,4 +99,4 @@ class RouteTracing:
         headers = envelope.headers.copy()
         for name, value in carrier.items():
             headers.set(name, value)
-        return Envelope(headers, envelope.body, envelope.expires_at, envelope.native_id)
+        return envelope.with_headers(headers)

@@ -46,7 +46,12 @@ BROKER = Broker()
 
 
 def _copy(envelope: Envelope) -> Envelope:
-    return Envelope(envelope.headers.copy(), envelope.body, envelope.expires_at)
+    return Envelope(
+        envelope.headers.copy(),
+        envelope.body,
+        envelope.expires_at,
+        deliver_at=envelope.deliver_at,
+    )
 
 
 class MemorySource:

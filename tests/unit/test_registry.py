@@ -421,3 +421,12 @@ def test_sql_server_schemas_and_catalogs_compare_without_case() -> None:
     assert registry.translate("Sales@[DBO]@[NSB]", "legacy", "rabbit", "h") == "Sales"
     with pytest.raises(UnknownAddress, match=r"nearest: 'Sales', whose address on 'legacy'"):
         registry.translate("Sales@[dbo]@[other]", "legacy", "rabbit", "h")
+
+
+def test_a_derived_route_keeps_a_messages_delay_request_and_lifetime() -> None:
+    """A delay asked for on Kafka crosses a derived route's rules (they rebuild the headers)."""
+    message = Envelope(Headers([("NServiceBus.MessageId", "m1")]), b"{}")
+    message.deliver_at, message.expires_at = 2_000_000_000.0, 2_000_000_060.0
+    out = rules_for("proxy.rabbit.Sales")(message)
+    assert out.headers.get(TRANSFER) == "rabbit->legacy"
+    assert (out.deliver_at, out.expires_at) == (2_000_000_000.0, 2_000_000_060.0)

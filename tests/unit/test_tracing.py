@@ -77,3 +77,11 @@ def test_without_an_sdk_provider_headers_are_untouched() -> None:
     tracing = RouteTracing(ROUTE, NoOpTracerProvider())
     original = traced(1)
     assert tracing.forward(original) is original
+
+
+def test_a_traced_message_keeps_its_delay_request_and_lifetime() -> None:
+    tracer_provider, _ = provider()
+    original = traced(1)
+    original.deliver_at, original.expires_at = 2_000_000_000.0, 2_000_000_060.0
+    out = RouteTracing(ROUTE, tracer_provider).forward(original)
+    assert (out.deliver_at, out.expires_at) == (2_000_000_000.0, 2_000_000_060.0)
