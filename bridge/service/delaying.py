@@ -109,8 +109,9 @@ def delayed_producer(
 
 
 class DelayingSink:
-    """Stores the messages of a send that are due later in `BridgeDelays`, then sends the rest
-    through `inner` (the module docstring)."""
+    """Sends the messages of a send that are due now through `inner`, then stores those due
+    later in `BridgeDelays` (the module docstring): a send the runner repeats after a refusal
+    or a failure stores them once."""
 
     def __init__(
         self, inner: Sink, store: SqlTransport, connection: str, address: str, key: str | None
@@ -139,17 +140,20 @@ class DelayingSink:
                 )
             except HeadersFormatError as exc:
                 raise MessageRejected(f"delays: {exc}", index=index) from exc
-        if later:
-            await self._db.run(partial(self._store, later))
-        if not rest and not checkpoint:
-            return
+        # The rest first: a send that fails or refuses a message comes again with the delayed
+        # messages in it, which must be stored once, after the rest went through.
         try:
-            await self._inner.send([envelopes[i] for i in rest], checkpoint)
+            if rest or checkpoint:
+                await self._inner.send([envelopes[i] for i in rest], checkpoint)
         except MessagesRejected as exc:
             mapped = [MessageRejected(str(r), _index(rest, r.index)) for r in exc.rejections]
+            if exc.rest_accepted and later:  # not sent again: store the delayed ones now
+                await self._db.run(partial(self._store, later))
             raise MessagesRejected(mapped, rest_accepted=exc.rest_accepted) from exc
         except MessageRejected as exc:
             raise MessageRejected(str(exc), _index(rest, exc.index)) from exc
+        if later:
+            await self._db.run(partial(self._store, later))
 
     def _store(self, rows: list[Sequence[object]], db: DbConnection) -> None:
         self._table.dialect.begin(db)
