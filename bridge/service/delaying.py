@@ -27,7 +27,6 @@ from bridge.errors import (
     HeadersFormatError,
     MessageRejected,
     MessagesRejected,
-    TransportError,
 )
 from bridge.nservicebus.delays import DELAY_WITH_TTL
 from bridge.protocols import Checkpoint, Sink, Transport
@@ -49,6 +48,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("bridge.delays")
+
+#: Seconds before a delayed message its destination refused for good is tried again.
+REFUSED_AGAIN = 600
 
 
 def longest_delay(config: BridgeConfig, connection: str) -> int | None:
@@ -213,31 +215,95 @@ class DelayedProducer:
             await db.close()
 
     async def _produce_due(self, db: Connection) -> bool:
-        """Send one batch of due rows and delete them; whether there was one."""
+        """Send the due rows of one destination (of a batch taken in due order) and delete
+        them, in their own transaction; whether there were any.
+
+        A row its destination refuses for good (a record too large, a connection the config no
+        longer names) is put off by `REFUSED_AGAIN` seconds, logged as an error, and the others
+        of its destination are sent: it never holds up the rows behind it, nor makes them go
+        out again. A failure that may pass rolls everything back (sent again: at least once).
+        """
         rows = await db.run(partial(self.table.take_due, self.batch))
         if not rows:
             return False
+        to = (rows[0].connection, rows[0].address, rows[0].key)
+        taken = [row for row in rows if (row.connection, row.address, row.key) == to]
         try:
-            groups: dict[tuple[str, str, str | None], list[DelayRow]] = {}
-            for row in rows:
-                groups.setdefault((row.connection, row.address, row.key), []).append(row)
-            for to, taken in groups.items():
-                sink = self._sinks.get(to)
-                if sink is None:
-                    try:
-                        sink = self._sinks[to] = self._sink(*to)
-                    except KeyError:  # a row stored under a config that had the connection
-                        raise TransportError(
-                            f"BridgeDelays holds a message for connection {to[0]!r}, which the "
-                            "config does not name"
-                        ) from None
-                await sink.send([row.envelope for row in taken])
-            await db.run(partial(self.table.done, [row.id for row in rows]))
+            refused = await self._send(to, taken)
+            sent = [row.id for i, row in enumerate(taken) if i not in refused]
+            ids = [taken[i].id for i in sorted(refused)]
+            await db.run(partial(self.table.settle, sent, ids, REFUSED_AGAIN))
         except BaseException:
             with contextlib.suppress(BridgeError):
                 await db.run(_roll_back)
             raise
         return True
+
+    async def _send(self, to: tuple[str, str, str | None], rows: list[DelayRow]) -> set[int]:
+        """Send `rows` to `to`; the indexes of those refused for good."""
+        sink = self._sinks.get(to)
+        if sink is None:
+            try:
+                sink = self._sinks[to] = self._sink(*to)
+            except KeyError:  # a row stored under a config that had the connection
+                log.error(
+                    "BridgeDelays holds %d message(s) for connection %r, which the config does "
+                    "not name; tried again in %d s",
+                    len(rows),
+                    to[0],
+                    REFUSED_AGAIN,
+                )
+                return set(range(len(rows)))
+        pending = list(range(len(rows)))
+        refused: set[int] = set()
+        while pending:
+            try:
+                await sink.send([rows[i].envelope for i in pending])
+                return refused
+            except MessagesRejected as exc:
+                named = {pending[r.index] for r in exc.rejections if r.index is not None}
+                if not named:
+                    raise
+                for index in named:
+                    self._refused(rows[index], to, str(exc))
+                refused |= named
+                if exc.rest_accepted:
+                    return refused
+                pending = [i for i in pending if i not in named]
+            except MessageRejected as exc:
+                if exc.index is None:
+                    if len(pending) > 1:  # which one: each alone
+                        for i in list(pending):
+                            refused |= {i} if await self._send_one(sink, rows[i], to) else set()
+                        return refused
+                    index = pending[0]
+                else:
+                    index = pending[exc.index]
+                self._refused(rows[index], to, str(exc))
+                refused.add(index)
+                pending = [i for i in pending if i != index]
+        return refused
+
+    async def _send_one(self, sink: Sink, row: DelayRow, to: tuple[str, str, str | None]) -> bool:
+        """Send one row; whether it was refused for good."""
+        try:
+            await sink.send([row.envelope])
+            return False
+        except MessageRejected as exc:
+            self._refused(row, to, str(exc))
+            return True
+
+    @staticmethod
+    def _refused(row: DelayRow, to: tuple[str, str, str | None], reason: str) -> None:
+        log.error(
+            "delayed message %s to %s/%s refused: %s; it stays in BridgeDelays and is tried "
+            "again in %d s",
+            row.envelope.message_id,
+            to[0],
+            to[1],
+            reason,
+            REFUSED_AGAIN,
+        )
 
 
 def _roll_back(db: DbConnection) -> None:

@@ -387,3 +387,50 @@ def test_check_connect_finds_bridgedelays_on_the_delays_connection(tmp_path: Pat
     found = bridge("check", "--connect")
     assert found.returncode == 0, found.stdout
     assert "lite: OK (BridgeDelays)" in found.stdout
+
+
+async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_again_later(
+    tmp_path: Path,
+) -> None:
+    """A row of BridgeDelays its destination refuses for good (a record too large) is put off,
+    and the rows due with it or after it for other destinations go out once each."""
+    from bridge.config.models import BridgeConfig
+    from bridge.service.delaying import REFUSED_AGAIN, DelayedProducer, delaying_sink
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {"type": "sqlite", "path": str(tmp_path / "q.db")},
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    inner = Refusing()
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        due = time.time() + 0.5
+        for topic, message_id in (("a", "good"), ("b", "refused"), ("a", "later")):
+            sink = delaying_sink(config, "kafka", topic, None, inner, lambda name: lite)
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            await sink.send([Envelope(headers, b"{}", deliver_at=due)])
+            due += 0.2
+        producer = DelayedProducer(lite, lambda connection, address, key: inner)
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.wait_for(inner.later.wait(), timeout=10)
+        await asyncio.sleep(1.0)  # time to send anything again, were it to
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await lite.close()
+    assert inner.sent == ["good", "later"]
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        ((address, seconds),) = db.execute(
+            "SELECT Address, (julianday(Due) - julianday('now')) * 86400 FROM \"BridgeDelays\""
+        ).fetchall()
+    assert address == "b"
+    assert REFUSED_AGAIN - 30 < seconds <= REFUSED_AGAIN

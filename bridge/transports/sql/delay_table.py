@@ -113,6 +113,13 @@ class DelayTable:
                 "WHERE Connection = ? AND Address = ?"
             )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
+        if d.kind == "sqlserver":
+            later = "DATEADD(s, ?, GETUTCDATE())"
+        elif d.kind == "postgresql":
+            later = f"now() + {p} * INTERVAL '1 second'"
+        else:
+            later = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ? || ' seconds')"
+        self.postpone = f"UPDATE {tp} SET Due = {later} WHERE Id = {p}"
 
     def store_params(
         self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
@@ -145,11 +152,6 @@ class DelayTable:
             db.rollback()
         return rows
 
-    def done(self, ids: Sequence[str], db: DbConnection) -> None:
-        """Delete the rows `take_due` took, and commit."""
-        db.cursor().executemany(self.delete, [(i,) for i in ids])
-        db.commit()
-
     def waiting_for(
         self, connection: str, address: str, db: DbConnection
     ) -> tuple[int, float | None]:
@@ -163,6 +165,19 @@ class DelayTable:
         count = int(row[0]) if row is not None else 0
         due = None if not count or row is None or row[1] is None else max(0.0, float(row[1]))
         return count, due
+
+    def settle(
+        self, sent: Sequence[str], refused: Sequence[str], seconds: int, db: DbConnection
+    ) -> None:
+        """In the transaction `take_due` left open: delete the rows sent, make those refused
+        due `seconds` from now (tried again later, never before the rows behind them), and
+        commit."""
+        cursor = db.cursor()
+        if refused:
+            cursor.executemany(self.postpone, [(seconds, i) for i in refused])
+        if sent:
+            cursor.executemany(self.delete, [(i,) for i in sent])
+        db.commit()
 
     def seconds_to_next_due(self, db: DbConnection) -> float | None:
         cursor = db.cursor()
