@@ -400,3 +400,29 @@ async def test_a_move_between_two_nginn_tables_of_one_database_is_one_transactio
     assert got is not None and got.to_endpoint == f"sql://db/{inbox}" and got.body == order
     assert got.unique_id == "u" and got.headers["Tenant"] == "acme"
     assert [r["subqueue"] for r in db.nginn().rows()] == ["X"]
+
+
+def test_a_delay_across_a_daylight_saving_change_is_due_when_asked(pg_dsn: str) -> None:
+    """A delayed message's `retry_time` is the UTC clock plus the delay, made local: a local
+    time plus the delay would be due an hour early or late across a change. Europe/Berlin,
+    2026-03-29 00:30 UTC (01:30 CET) plus one hour is 01:30 UTC, 03:30 CEST (02:30 local does
+    not exist that day)."""
+    import psycopg
+
+    from bridge.transports.sql.dialects.postgresql import PostgresDialect
+    from bridge.transports.sql.layouts.nginn_sql import statements
+
+    config = PostgresConnection.model_validate(
+        {
+            "type": "postgresql",
+            "dsn": pg_dsn,
+            "layout": "nginn",
+            "nginn": {"alias": "db", "timezone": "Europe/Berlin"},
+        }
+    )
+    insert = statements(PostgresDialect("pg", config), "Q", "Europe/Berlin").send_delayed
+    due = insert[insert.index("((now()") :].split(", %s", 1)[0]
+    fixed = due.replace("now()", "timestamptz '2026-03-29 00:30:00+00'")
+    with psycopg.connect(pg_dsn) as db:
+        (local,) = db.execute(f"SELECT {fixed}", (3_600_000,)).fetchone()  # type: ignore[misc]
+    assert local == datetime(2026, 3, 29, 3, 30)

@@ -104,8 +104,9 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
     t = d.table(name)
     tp = d.param_safe(t)
     p = d.placeholder
+    literal = zone.replace("'", "''")  # an IANA name (checked by the config), quoted anyway
     now = (
-        f"(now() AT TIME ZONE '{zone}')"
+        f"(now() AT TIME ZONE '{literal}')"
         if pg
         else f"{SQLITE_LOCAL}(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
     )
@@ -133,7 +134,9 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"CREATE INDEX IF NOT EXISTS {d.quote(f'IDX_{name}_subqueue_retry_time')} "
             f"ON {t} (subqueue, retry_time) INCLUDE (id)",
         )
-        due = f"{now} + {p} * INTERVAL '1 millisecond'"
+        # The delay is added to the UTC clock, then made local: across a daylight saving
+        # change a local time plus the delay would be up to an hour early or late.
+        due = f"((now() + {p} * INTERVAL '1 millisecond') AT TIME ZONE '{literal}')"
         next_due = f"EXTRACT(EPOCH FROM min(retry_time) - {now})"
         age = f"EXTRACT(EPOCH FROM {now} - min(insert_time))"
         ttl_at = "strpos(msg_headers, '_NG-TTL=')"
