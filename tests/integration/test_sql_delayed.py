@@ -260,15 +260,10 @@ class Refusing:
         pass
 
 
-async def test_delays_for_a_destination_that_cannot_delay_wait_in_bridgedelays(
-    tmp_path: Path,
-) -> None:
-    """`delays:`: a send's messages due later are stored in BridgeDelays, the others go on at
-    once, and a refusal names the message by its place in the whole send; the producer sends
-    the stored ones when due, and deletes them."""
+def kafka_delayed_on_sqlite(tmp_path: Path) -> tuple[Any, SqlTransport]:
+    """A config whose Kafka connection's delays wait in SQLite (`delays:`), and that SQLite
+    transport; the Kafka broker is never reached."""
     from bridge.config.models import BridgeConfig
-    from bridge.errors import MessageRejected
-    from bridge.service.delaying import DelayedProducer, delaying_sink
 
     config = BridgeConfig.model_validate(
         {
@@ -281,6 +276,19 @@ async def test_delays_for_a_destination_that_cannot_delay_wait_in_bridgedelays(
     )
     lite = load("lite", config.connections["lite"])
     assert isinstance(lite, SqlTransport)
+    return config, lite
+
+
+async def test_delays_for_a_destination_that_cannot_delay_wait_in_bridgedelays(
+    tmp_path: Path,
+) -> None:
+    """`delays:`: a send's messages due later are stored in BridgeDelays, the others go on at
+    once, and a refusal names the message by its place in the whole send; the producer sends
+    the stored ones when due, and deletes them."""
+    from bridge.errors import MessageRejected
+    from bridge.service.delaying import DelayedProducer, delaying_sink
+
+    config, lite = kafka_delayed_on_sqlite(tmp_path)
     inner = Refusing()
     sink = delaying_sink(config, "kafka", "topic", None, inner, lambda name: lite)
     stopping = asyncio.Event()
@@ -394,20 +402,9 @@ async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_
 ) -> None:
     """A row of BridgeDelays its destination refuses for good (a record too large) is put off,
     and the rows due with it or after it for other destinations go out once each."""
-    from bridge.config.models import BridgeConfig
     from bridge.service.delaying import REFUSED_AGAIN, DelayedProducer, delaying_sink
 
-    config = BridgeConfig.model_validate(
-        {
-            "connections": {
-                "lite": {"type": "sqlite", "path": str(tmp_path / "q.db")},
-                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
-            },
-            "delays": {"connection": "lite"},
-        }
-    )
-    lite = load("lite", config.connections["lite"])
-    assert isinstance(lite, SqlTransport)
+    config, lite = kafka_delayed_on_sqlite(tmp_path)
     inner = Refusing()
     stopping = asyncio.Event()
     try:
