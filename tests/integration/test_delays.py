@@ -14,6 +14,7 @@ import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -34,6 +35,17 @@ def bridge(config: Path, *args: str) -> None:
         timeout=180,
     )
     assert result.returncode == 0, result.stderr
+
+
+async def records(bootstrap: str, topic: str) -> list[Any]:
+    """The records of `topic` one fetch brings, from its start."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        fetched = await consumer.getmany(timeout_ms=10_000)
+    finally:
+        await consumer.stop()
+    return [record for batch in fetched.values() for record in batch]
 
 
 def arrivals(url: str, queue: str, until: float) -> dict[str, float]:
@@ -106,26 +118,10 @@ async def test_a_delay_asked_for_on_kafka_is_carried_out_or_refused_by_the_desti
     lateness = arrived["later"] - due
     assert 0 <= lateness < 3, f"lateness {lateness:.2f} s"
 
-    consumer = AIOKafkaConsumer(
-        plain, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    try:
-        fetched = await consumer.getmany(timeout_ms=10_000)
-    finally:
-        await consumer.stop()
-    ids = [dict(r.headers)["NServiceBus.MessageId"] for b in fetched.values() for r in b]
+    ids = [dict(r.headers)["NServiceBus.MessageId"] for r in await records(kafka_bootstrap, plain)]
     assert ids == [b"now-1", b"now-2"]
     # The error queue is on the source's side: a topic.
-    consumer = AIOKafkaConsumer(
-        errors, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    try:
-        fetched = await consumer.getmany(timeout_ms=10_000)
-    finally:
-        await consumer.stop()
-    (refused,) = [record for batch in fetched.values() for record in batch]
+    (refused,) = await records(kafka_bootstrap, errors)
     headers = {name: (value or b"").decode() for name, value in refused.headers}
     assert headers["NServiceBus.MessageId"] == "later"
     assert "this destination cannot delay" in headers["NServiceBus.ExceptionInfo.Message"]
