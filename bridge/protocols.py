@@ -202,6 +202,10 @@ class QueueStats:
     #: overdue); None where the transport keeps none there or cannot tell.
     delayed: int | None = None
     next_due_seconds: float | None = None
+    #: Delayed messages of every destination together, where the transport keeps them in
+    #: shared places it cannot look into per destination (RabbitMQ's delay levels); None
+    #: elsewhere.
+    delayed_all_destinations: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
                 "elsewhere": stats.elsewhere,
                 "delayed": stats.delayed,
                 "next_due_seconds": stats.next_due_seconds,
+                "delayed_all_destinations": stats.delayed_all_destinations,
             }
         )
     age = stats.oldest_age_seconds
@@ -46,6 +47,11 @@ def describe_stats(connection: str, queue: str, stats: QueueStats, *, as_json: b
         due = stats.next_due_seconds
         lines.append(f"  delayed: {stats.delayed}")
         lines.append(f"  next due: {'-' if due is None else f'in {max(due, 0.0):.1f} s'}")
+    if stats.delayed_all_destinations is not None:
+        lines.append(
+            f"  delayed, every destination together: {stats.delayed_all_destinations} (in the "
+            "shared delay levels; how many are for this queue cannot be read without taking them)"
+        )
     return "\n".join(lines)
 
 

@@ -85,6 +85,7 @@ from bridge.transports.rabbitmq.admin import (
 )
 from bridge.transports.rabbitmq.config import RabbitMQConnection, describe
 from bridge.transports.rabbitmq.connection import Link, link, parameters
+from bridge.transports.rabbitmq.delays import LEVELS, level_name
 from bridge.transports.rabbitmq.delivery_limit import DeliveryLimits, broker_version
 from bridge.transports.rabbitmq.errors import reply_code
 from bridge.transports.rabbitmq.headers import incoming
@@ -213,7 +214,24 @@ class Transport:
             if reply_code(exc) == 404:
                 raise TransportError(f"{self._where}: queue {address!r} does not exist") from exc
             raise
-        return QueueStats(depth=depth)
+        return QueueStats(depth=depth, delayed_all_destinations=await self._delayed())
+
+    async def _delayed(self) -> int:
+        """The messages waiting in the v2 delay levels (`delays.py`), for every destination:
+        a message's destination is in its routing key, which only taking it would show, and a
+        level is a quorum queue whose delivery limit counts each look; 0 where none are
+        declared yet."""
+        link = self._link()
+        total = 0
+        for level in range(LEVELS):
+            try:
+                total += await link.run(
+                    declare_queue(level_name(level), None, passive=True), what="delay level depth"
+                )
+            except TransportError as exc:
+                if reply_code(exc) != 404:
+                    raise
+        return total
 
     async def oldest_age(self, address: str) -> float | None:
         """Seconds since the first ready message of `address` was sent (its
