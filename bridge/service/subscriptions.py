@@ -3,15 +3,17 @@
 `subscribe_all` makes every one the registry asks for: at `bridge install` and again when
 `bridge run` starts, so a table or broker that lost them gets them back. Each is idempotent, as
 NServiceBus's own are: an upsert of the SubscriptionRouting row on SQL (`transports/sql/
-subscriptions.py`, the table created first when missing), the event's exchange declared and bound
-to the queue's on RabbitMQ (`transports/rabbitmq/events.py`). `change` subscribes or unsubscribes
-one endpoint by hand (`bridge subscribe` / `bridge unsubscribe`; on RabbitMQ a Kafka subscriber's
-binding, which every Kafka subscriber of the event shares, stays while another uses it); the
-bridge never unsubscribes on its own. `state` reads what each side holds, for `bridge endpoints
---connect`.
+subscriptions.py`, the table created first when missing), on NGinn tables NGinn's update-then-
+insert of a row of its subscription table (`transports/sql/nginn_subscriptions.py`), the event's
+exchange declared and bound to the queue's on RabbitMQ (`transports/rabbitmq/events.py`).
+`change` subscribes or unsubscribes one endpoint by hand (`bridge subscribe` / `bridge
+unsubscribe`; the binding on RabbitMQ, or the NGinn row, that every Kafka subscriber of the
+event shares stays while another uses it); the bridge never unsubscribes on its own. `state`
+reads what each side holds, for `bridge endpoints --connect`.
 
-Sinks that publish (`publisher`) and the sink of a Kafka carrier's route (`EventTopics`) are made
-here too, so the supervisor asks one place how a derived route's events go.
+Sinks that publish (`publisher`: `SqlPublisher`, `NGinnPublisher`, `RabbitMQPublisher`) and the
+sink of a proxy's route (`event_sink`: a Kafka carrier's `EventTopics`, NGinn's `NGinnEvents`)
+are made here too, so the supervisor asks one place how a derived route's events go.
 """
 
 from __future__ import annotations
@@ -180,12 +182,14 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
         and (other.connection, other.queue, other.event) == (s.connection, s.queue, s.event)
         and other.endpoint != endpoint
     ]
-    if not subscribe and kind == "rabbitmq" and sharing:
-        # One binding carries the event to Kafka for every Kafka subscriber: it stays while
-        # another uses it.
+    shared = config.registry.pubsub.nginn_row(s) is not None or kind == "rabbitmq"
+    if not subscribe and shared and sharing:
+        # One binding (or NGinn row, whose subscriber is the carrier) carries the event to
+        # Kafka for every Kafka subscriber: it stays while another uses it.
         topic = config.registry.pubsub.topic(event)
+        what = "binding" if kind == "rabbitmq" else "NGinn subscription"
         return (
-            f"{s.connection}: kept the binding of {event} to {s.queue!r}: "
+            f"{s.connection}: kept the {what} of {event} to {s.queue!r}: "
             f"{', '.join(sharing)} also receive(s) it through it (an event goes to Kafka once, "
             f"to topic {topic!r}); {endpoint} stops receiving it when it no longer reads that "
             "topic (remove it from its `subscribes:`)"

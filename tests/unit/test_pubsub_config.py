@@ -505,3 +505,17 @@ def test_nginn_subscription_rows_must_fit_nginns_columns() -> None:
         + f"  Books: {{connection: ng, subscribes: [{{event: I.Stock, publisher: {publisher}}}]}}\n"
     )
     assert "from_endpoint of what it publishes" in error and "holds 50" in error, error
+
+
+async def test_unsubscribing_a_kafka_subscriber_keeps_the_nginn_row_others_share() -> None:
+    """NGinn's row is keyed by (publisher, message type, subscriber): every Kafka subscriber of
+    the event shares the carrier's, so unsubscribing one by hand must not cut the other off."""
+    from bridge.service.subscriptions import change
+
+    config = config_of(
+        NGINN
+        + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+        + "  Audit: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+    )
+    said = await change(config, "Audit", "L.Placed", subscribe=False)  # connects to nothing
+    assert said.startswith("ng: kept the NGinn subscription of L.Placed to 'Stats'"), said
