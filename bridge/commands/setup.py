@@ -116,8 +116,9 @@ async def install(config_path: str, *, print_only: bool) -> int:
 
 def subscription_statements(config: BridgeConfig) -> list[str]:
     """What `install --print-sql` prints for the registry's subscriptions: a comment naming
-    them, then each SQL connection's subscription table (its rows are written when the bridge
-    runs), or on RabbitMQ the exchanges and bindings as management API requests."""
+    them, then each SQL connection's subscription table (SubscriptionRouting, or NGinn's on
+    NGinn tables; its rows are written when the bridge runs), or on RabbitMQ the exchanges and
+    bindings as management API requests."""
     from bridge.transports.sql.config import KINDS as SQL_KINDS
 
     made = config.registry.pubsub.native()
@@ -140,8 +141,15 @@ def subscription_statements(config: BridgeConfig) -> list[str]:
 
             assert isinstance(transport, SqlTransport)
             dialect = transport.dialect
-            table = statements(dialect, transport.config.subscription_table)
-            lines += dialect.printable([table.create])
+            options = transport.config.nginn
+            if transport.config.layout == "nginn" and options is not None:
+                from bridge.transports.sql import nginn_subscriptions
+
+                nginn = nginn_subscriptions.statements(dialect, options.subscriptions)
+                lines += dialect.printable([nginn.create])
+            else:
+                table = statements(dialect, transport.config.subscription_table)
+                lines += dialect.printable([table.create])
         else:
             from bridge.transports.rabbitmq.config import RabbitMQConnection
             from bridge.transports.rabbitmq.events import printed, subscribe

@@ -28,10 +28,15 @@ from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.nservicebus.events import exchange_name, type_name_problem
 from bridge.transports.sql.config import KINDS as SQL_KINDS
+from bridge.transports.sql.config import (
+    NGINN_ENDPOINT_CHARS,
+    NGINN_MESSAGE_TYPE_CHARS,
+    NGINN_SUBSCRIPTION_ENDPOINT_CHARS,
+)
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
-    from bridge.config.pubsub import Subscribed
+    from bridge.config.pubsub import PubSub, Subscribed
 
 __all__ = [
     "RULES",
@@ -85,13 +90,6 @@ def _endpoint(
     _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
-#: Why pub/sub stops at a connection of NGinn tables, for the refusals that say so.
-_NGINN_PUBSUB = (
-    "NGinn publishers read `NGinnMessageBus_Subscriptions`, not `SubscriptionRouting`; events "
-    "published elsewhere reach an NGinn endpoint through its proxies"
-)
-
-
 def _publishes(
     config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
 ) -> None:
@@ -111,11 +109,8 @@ def _publishes(
             at.at((*path, "publish")),
         )
     if getattr(connection, "layout", None) == "nginn":
-        raise ConfigError(
-            f"publish: connection {to.connection!r} holds NGinn tables, whose subscriptions the "
-            f"bridge does not read yet ({_NGINN_PUBSUB}); publish on an NServiceBus connection",
-            at.at((*path, "publish")),
-        )
+        _publishes_as_nginn(config, route, path, at)
+        return
     if getattr(connection, "topology", "conventional") != "conventional":
         raise ConfigError(
             f"publish: RabbitMQ connection {to.connection!r} has the direct topology; the bridge "
@@ -127,6 +122,36 @@ def _publishes(
             "a route that publishes names only its destination's connection: the subscribers "
             "say where each event goes",
             at.at((*path, "to")),
+        )
+
+
+def _publishes_as_nginn(
+    config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
+) -> None:
+    """On NGinn tables an event is published as an NGinn endpoint: subscribers are found by the
+    publisher's endpoint, so the route names the publisher's table, `to.queue`."""
+    to = route.to
+    if to.queue is None or to.topic is not None or to.group is not None:
+        raise ConfigError(
+            f"publish: connection {to.connection!r} holds NGinn tables, where subscribers are "
+            "found by the publisher's endpoint: name the publisher's table as `to.queue` "
+            "(the events are published as `sql://<alias>/<queue>`)",
+            at.at((*path, "to")),
+        )
+    where = at.at((*path, "to", "queue"))
+    if not to.queue.strip() or "\x00" in to.queue:
+        raise ConfigError(f"to: empty or invalid name {to.queue!r}", where)
+    _address_name(config.connections[to.connection].type, to.queue, "to", where)
+    model = config.connections[to.connection]
+    endpoint = RULES[model.type].canonical_address(model, to.queue)
+    _nginn_width(endpoint, NGINN_ENDPOINT_CHARS, "publisher endpoint (from_endpoint)", where)
+
+
+def _nginn_width(value: str, width: int, what: str, where: str) -> None:
+    if len(value) > width:
+        raise ConfigError(
+            f"NGinn {what} {value[:60]!r} is {len(value)} characters; its column holds {width}",
+            where,
         )
 
 
@@ -391,14 +416,7 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"{s.connection!r} out)",
                 where,
             )
-        if getattr(config.connections[s.connection], "layout", None) == "nginn":
-            raise ConfigError(
-                f"endpoint {s.endpoint!r} subscribes to {s.event!r}, whose subscription the "
-                f"bridge would make on {s.connection!r}, a connection of NGinn tables: the bridge "
-                f"does not write NGinn's subscriptions yet ({_NGINN_PUBSUB}), so the events "
-                "would never come",
-                where,
-            )
+        _nginn_subscription(s, pubsub, where)
         if s.kind == "home" and config.connections[s.connection].type == "kafka":
             topic = pubsub.topic(s.event)
             raise ConfigError(
@@ -445,6 +463,21 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 f"event {s.event!r} (its topic)",
                 at.at(("events", s.event, "topic")) if written else where,
             )
+
+
+def _nginn_subscription(s: Subscribed, pubsub: PubSub, where: str) -> None:
+    """A row of NGinn's subscription table fits its columns; where the bridge publishes as the
+    publisher (an event from Kafka), its endpoint fits the queue tables' `from_endpoint`."""
+    row = pubsub.nginn_row(s)
+    if row is None:
+        return
+    publisher, subscriber, message_type = row
+    _nginn_width(publisher, NGINN_SUBSCRIPTION_ENDPOINT_CHARS, "publisher_endpoint", where)
+    _nginn_width(subscriber, NGINN_SUBSCRIPTION_ENDPOINT_CHARS, "subscriber_endpoint", where)
+    _nginn_width(message_type, NGINN_MESSAGE_TYPE_CHARS, "message_type", where)
+    if s.kind == "home":
+        what = f"publisher endpoint of {s.publisher!r} (from_endpoint of what it publishes)"
+        _nginn_width(publisher, NGINN_ENDPOINT_CHARS, what, where)
 
 
 def _event_topic_is_no_queue(

@@ -19,6 +19,9 @@ For a subscriber S (living on connection H) of event E whose publisher lives on 
   event on H as an NServiceBus publisher does; S is subscribed on H as it would subscribe itself
   (a row with its own address, or E's exchange bound to its own), so that the publish finds it.
 
+On a connection of NGinn tables (`layout: nginn`) a subscription is a row of NGinn's
+subscription table instead (`nginn_row`): publisher endpoint, subscriber endpoint, message type.
+
 Driver-free, like the registry.
 """
 
@@ -110,6 +113,19 @@ class PubSub:
                     yield Subscribed(
                         name, event, publisher, "proxy", on, name, registry.address(name, on)
                     )
+
+    def nginn_row(self, s: Subscribed) -> tuple[str, str, str] | None:
+        """(publisher_endpoint, subscriber_endpoint, message_type) of `s` in NGinn's
+        subscription table where `s` is made on a connection of NGinn tables (else None): the
+        publisher's endpoint there (its own table's, or for an event published on Kafka its
+        proxy's), the subscribing table's (a proxy, a Kafka carrier, or the subscriber's own),
+        the event's NGinn name (`nginn.types`)."""
+        model = self.registry.config.connections[s.connection]
+        options = getattr(model, "nginn", None)
+        if not s.native or options is None or getattr(model, "layout", None) != "nginn":
+            return None
+        publisher = self.registry.address(s.publisher, s.connection)
+        return publisher, s.address, options.message_type(s.event)
 
     def native(self) -> list[Subscribed]:
         """The subscriptions the bridge makes, by connection then in the file's order."""

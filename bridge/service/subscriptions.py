@@ -3,27 +3,41 @@
 `subscribe_all` makes every one the registry asks for: at `bridge install` and again when
 `bridge run` starts, so a table or broker that lost them gets them back. Each is idempotent, as
 NServiceBus's own are: an upsert of the SubscriptionRouting row on SQL (`transports/sql/
-subscriptions.py`, the table created first when missing), the event's exchange declared and bound
-to the queue's on RabbitMQ (`transports/rabbitmq/events.py`). `change` subscribes or unsubscribes
-one endpoint by hand (`bridge subscribe` / `bridge unsubscribe`; on RabbitMQ a Kafka subscriber's
-binding, which every Kafka subscriber of the event shares, stays while another uses it); the
-bridge never unsubscribes on its own. `state` reads what each side holds, for `bridge endpoints
---connect`.
+subscriptions.py`, the table created first when missing), on NGinn tables NGinn's update-then-
+insert of a row of its subscription table (`transports/sql/nginn_subscriptions.py`), the event's
+exchange declared and bound to the queue's on RabbitMQ (`transports/rabbitmq/events.py`).
+`change` subscribes or unsubscribes one endpoint by hand (`bridge subscribe` / `bridge
+unsubscribe`; the binding on RabbitMQ, or the NGinn row, that every Kafka subscriber of the
+event shares stays while another uses it); the bridge never unsubscribes on its own. `state`
+reads what each side holds, for `bridge endpoints --connect`.
 
-Sinks that publish (`publisher`) and the sink of a Kafka carrier's route (`EventTopics`) are made
-here too, so the supervisor asks one place how a derived route's events go.
+Sinks that publish (`publisher`: `SqlPublisher`, `NGinnPublisher`, `RabbitMQPublisher`) and the
+sink of a proxy's route (`event_sink`: a Kafka carrier's `EventTopics`, NGinn's `NGinnEvents`)
+are made here too, so the supervisor asks one place how a derived route's events go.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from bridge.config.models import BridgeConfig
 from bridge.config.pubsub import Subscribed
 from bridge.errors import BridgeError, TransportError, UsageError
 from bridge.protocols import Sink, Transport
 
-__all__ = ["change", "describe", "publisher", "state", "subscribe_all"]
+if TYPE_CHECKING:
+    from bridge.routing.nginn_events import Subscribed as NGinnSubscribed
+
+__all__ = [
+    "change",
+    "describe",
+    "event_sink",
+    "nginn_events",
+    "publisher",
+    "state",
+    "subscribe_all",
+]
 
 log = logging.getLogger("bridge.subscriptions")
 
@@ -37,7 +51,12 @@ def describe(s: Subscribed, *, subscribe: bool = True) -> str:
 
 
 async def _apply(
-    transport: Transport, kind: str, made: list[Subscribed], *, subscribe: bool
+    config: BridgeConfig,
+    transport: Transport,
+    kind: str,
+    made: list[Subscribed],
+    *,
+    subscribe: bool,
 ) -> None:
     """Make (or remove) `made`, subscriptions on one connection, on a connection of its own."""
     if kind in SQL:
@@ -45,6 +64,9 @@ async def _apply(
         from bridge.transports.sql.transport import Transport as SqlTransport
 
         assert isinstance(transport, SqlTransport)
+        if transport.config.layout == "nginn":
+            await _apply_nginn(config, transport, made, subscribe=subscribe)
+            return
         table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
         try:
             if subscribe:
@@ -85,6 +107,32 @@ async def _apply(
             await admin.close()
 
 
+def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
+    row = config.registry.pubsub.nginn_row(s)
+    assert row is not None, s
+    return row
+
+
+async def _apply_nginn(
+    config: BridgeConfig, transport: Transport, made: list[Subscribed], *, subscribe: bool
+) -> None:
+    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table."""
+    from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
+    from bridge.transports.sql.transport import Transport as SqlTransport
+
+    assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
+    name = transport.config.nginn.subscriptions
+    table = NGinnSubscriptionTable(transport.dialect, name)
+    try:
+        if subscribe:
+            await table.create()
+        for s in made:
+            row = _nginn_row(config, s)
+            await (table.subscribe if subscribe else table.unsubscribe)(*row)
+    finally:
+        await table.close()
+
+
 async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) -> list[str]:
     """Make every native subscription of the registry; what was made, as lines to print."""
     from bridge.transports import load
@@ -97,7 +145,7 @@ async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) 
         if connection not in transports:
             transports[connection] = load(connection, config.connections[connection])
         kind = config.connections[connection].type
-        await _apply(transports[connection], kind, made, subscribe=True)
+        await _apply(config, transports[connection], kind, made, subscribe=True)
         for s in made:
             log.info(describe(s), extra={"connection": connection})
             done.append(f"{connection}: {describe(s)}")
@@ -134,19 +182,21 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
         and (other.connection, other.queue, other.event) == (s.connection, s.queue, s.event)
         and other.endpoint != endpoint
     ]
-    if not subscribe and kind == "rabbitmq" and sharing:
-        # One binding carries the event to Kafka for every Kafka subscriber: it stays while
-        # another uses it.
+    shared = config.registry.pubsub.nginn_row(s) is not None or kind == "rabbitmq"
+    if not subscribe and shared and sharing:
+        # One binding (or NGinn row, whose subscriber is the carrier) carries the event to
+        # Kafka for every Kafka subscriber: it stays while another uses it.
         topic = config.registry.pubsub.topic(event)
+        what = "binding" if kind == "rabbitmq" else "NGinn subscription"
         return (
-            f"{s.connection}: kept the binding of {event} to {s.queue!r}: "
+            f"{s.connection}: kept the {what} of {event} to {s.queue!r}: "
             f"{', '.join(sharing)} also receive(s) it through it (an event goes to Kafka once, "
             f"to topic {topic!r}); {endpoint} stops receiving it when it no longer reads that "
             "topic (remove it from its `subscribes:`)"
         )
     transport = load(s.connection, config.connections[s.connection])
     try:
-        await _apply(transport, kind, [s], subscribe=subscribe)
+        await _apply(config, transport, kind, [s], subscribe=subscribe)
     finally:
         await transport.close()
     return f"{s.connection}: {describe(s, subscribe=subscribe)}"
@@ -179,6 +229,8 @@ async def _sql_state(
 
     transport = load(connection, config.connections[connection])
     assert isinstance(transport, SqlTransport)
+    if transport.config.layout == "nginn":
+        return await _nginn_state(config, transport, made)
     table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
     try:
         rows = {(e, t): a for a, e, t in await table.rows()} if await table.exists() else {}
@@ -190,6 +242,31 @@ async def _sql_state(
         found = rows.get((s.endpoint, s.event))
         out[s.endpoint, s.event] = (
             "missing" if found is None else "subscribed" if found == s.address else "moved"
+        )
+    return out
+
+
+async def _nginn_state(
+    config: BridgeConfig, transport: Transport, made: list[Subscribed]
+) -> dict[tuple[str, str], str]:
+    """`subscribed` where NGinn's table holds the row without an expiration (the bridge writes
+    none), `expiring` where it holds one with an expiration, else `missing`."""
+    from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
+    from bridge.transports.sql.transport import Transport as SqlTransport
+
+    assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
+    table = NGinnSubscriptionTable(transport.dialect, transport.config.nginn.subscriptions)
+    try:
+        rows = await table.rows() if await table.exists() else []
+    finally:
+        await table.close()
+        await transport.close()
+    held = {(p, sub, m): expires for p, sub, m, _, expires in rows}
+    out = {}
+    for s in made:
+        key = _nginn_row(config, s)
+        out[s.endpoint, s.event] = (
+            "missing" if key not in held else "subscribed" if held[key] is None else "expiring"
         )
     return out
 
@@ -223,16 +300,39 @@ async def _rabbitmq_state(
 
 
 def publisher(
-    config: BridgeConfig, transport: Transport, connection: str, event: str | None = None
+    config: BridgeConfig,
+    transport: Transport,
+    connection: str,
+    event: str | None = None,
+    *,
+    endpoint: str | None = None,
+    queue: str | None = None,
 ) -> Sink:
     """The sink that publishes events on `connection` as NServiceBus publishers do; a message
-    that names no type is taken to be an `event` (its route's: `EventRoute.event`)."""
+    that names no type is taken to be an `event` (its route's: `EventRoute.event`). On NGinn
+    tables it publishes as an NGinn endpoint: registered publisher `endpoint`'s there (its
+    proxy, for an event published on Kafka), else the table `queue` (a written route's
+    `to.queue`)."""
     kind = config.connections[connection].type
     if kind in SQL:
         from bridge.transports.sql.publish import SqlPublisher
         from bridge.transports.sql.transport import Transport as SqlTransport
 
         assert isinstance(transport, SqlTransport)
+        if transport.config.layout == "nginn":
+            from bridge.transports.sql.addresses import canonical_address
+            from bridge.transports.sql.nginn_publish import NGinnPublisher
+
+            if endpoint is not None:
+                as_ = config.registry.address(endpoint, connection)
+            elif queue is not None:
+                as_ = canonical_address(transport.config, queue)
+            else:
+                raise UsageError(
+                    f"publishing on {connection!r} (NGinn tables) needs the publisher's table: "
+                    "`to.queue`"
+                )
+            return NGinnPublisher(transport.dialect, transport.config, as_, transport.pool, event)
         return SqlPublisher(transport.dialect, transport.config, transport.pool, event)
     if kind == "rabbitmq":
         from bridge.transports.rabbitmq.events import RabbitMQPublisher
@@ -247,12 +347,40 @@ def event_sink(
     config: BridgeConfig, transport: Transport, connection: str, endpoint: str, own: Sink
 ) -> Sink:
     """The sink of `endpoint`'s proxy route from `connection`: `own`, or, for a Kafka carrier,
-    one that sends published events to their topics (`routing/events.py`)."""
+    one that sends published events to their topics (`routing/events.py`); on NGinn tables,
+    behind one that recognises an NGinn publisher's events (`routing/nginn_events.py`)."""
     pubsub = config.registry.pubsub
     carried = pubsub.carried(connection, endpoint)
-    if not carried:
-        return own
-    from bridge.routing.events import EventTopics
+    sink = own
+    if carried:
+        from bridge.routing.events import EventTopics
 
-    topics = {event: pubsub.topic(event) for event in carried}
-    return EventTopics(own, topics, lambda topic: transport.sink(topic))
+        topics = {event: pubsub.topic(event) for event in carried}
+        sink = EventTopics(own, topics, lambda topic: transport.sink(topic))
+    events = nginn_events(config, connection, endpoint)
+    if events:
+        from bridge.routing.nginn_events import NGinnEvents
+
+        sink = NGinnEvents(sink, events)
+    return sink
+
+
+def nginn_events(
+    config: BridgeConfig, connection: str, endpoint: str
+) -> dict[str, list[NGinnSubscribed]]:
+    """Publisher endpoint -> the events `endpoint`'s proxy (or, for a Kafka carrier, the
+    endpoints it carries) subscribes to from it on `connection`, when that holds NGinn tables."""
+    from bridge.routing.nginn_events import Subscribed as NGinnSubscribed
+
+    options = getattr(config.connections[connection], "nginn", None)
+    if options is None or getattr(config.connections[connection], "layout", None) != "nginn":
+        return {}
+    out: dict[str, list[NGinnSubscribed]] = {}
+    for s in config.registry.pubsub.subscriptions():
+        if s.connection != connection or s.kind not in ("proxy", "kafka") or s.queue != endpoint:
+            continue
+        publisher, _, message_type = _nginn_row(config, s)
+        found = out.setdefault(publisher, [])
+        if all(x.event != s.event for x in found):
+            found.append(NGinnSubscribed(s.event, message_type))
+    return out

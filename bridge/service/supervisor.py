@@ -102,8 +102,19 @@ class Supervisor:
                     group=route.from_.group,
                     error_queue=route.error_queue_name,
                 )
-                event = route.event if isinstance(route, EventRoute) else None
-                return source, publisher(config, sink_transport, route.to.connection, event)
+                if isinstance(route, EventRoute):  # as the registered publisher
+                    sink = publisher(
+                        config,
+                        sink_transport,
+                        route.to.connection,
+                        route.event,
+                        endpoint=route.endpoint,
+                    )
+                else:  # as the table it names (on NGinn tables)
+                    sink = publisher(
+                        config, sink_transport, route.to.connection, queue=route.to.queue
+                    )
+                return source, sink
             source, sink = plain()
             to = route.to
             return source, delaying_sink(

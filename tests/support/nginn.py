@@ -46,6 +46,11 @@ NGINN_QUERIES = {
         "@subqueue{1}, getdate(), null, 0, @retry_time{1}, null, @{2}, @correl_id{1}, "
         "@label{1}, @headers{1}, @unique_id{1});"
     ),
+    # :27
+    "SqlSubscriptionService_GetSubscriptions": (
+        "select subscriber_endpoint, message_type from {0} where publisher_endpoint=@pub and "
+        "(expiration_date is null or expiration_date >= getdate())"
+    ),
     # :16
     "MoveScheduledMessagesToInputQueue": (
         "update top (1000) {0} with(READPAST) set subqueue='I' where subqueue='R' and "
@@ -210,6 +215,51 @@ class NGinn:
                 "unique_id0": unique_id,
             },
         )
+
+    def subscriptions(self, table: str) -> dict[str, list[str]]:
+        """`SqlSubscriptionService.GetTargetEndpoints`' load (SqlSubscriptionService.cs:63-101):
+        message type -> subscriber endpoints of this endpoint, read from subscription table
+        `table`."""
+        with self.connection() as db:
+            statement = NGINN_QUERIES["SqlSubscriptionService_GetSubscriptions"]
+            text = translate(statement.format(self.quoted(table)), self.kind)
+            found: dict[str, list[str]] = {}
+            for subscriber, message_type in db.execute(text, {"pub": self.endpoint}).fetchall():
+                targets = found.setdefault(message_type, [])
+                if subscriber not in targets:
+                    targets.append(subscriber)
+            return found
+
+    def notify(
+        self, body: str, chain: list[str], subscriptions: str, unique_ids: list[str]
+    ) -> list[str]:
+        """`Notify` of a message whose class chain (most derived first, up to System.Object) is
+        `chain`: `GetTargetQueuesForMessageType` (MessageBus.cs:264-287) unions the subscribers
+        of each class, then `NotifyAndDistributeMessages` (:347-371) sends one row per target,
+        `from_endpoint` this endpoint, the first with the message's unique id and each clone
+        with a new one (`unique_ids`, in order), no correlation id; each row into the target's
+        table (a local database queue). The targets, in order."""
+        found = self.subscriptions(subscriptions)
+        targets: list[str] = []
+        for name in chain:
+            for endpoint in found.get(name, []):
+                if endpoint not in targets:
+                    targets.append(endpoint)
+        with self.connection() as db:
+            for target, unique_id in zip(targets, unique_ids, strict=False):
+                params = {
+                    "from_endpoint0": self.endpoint,
+                    "to_endpoint0": target,
+                    "subqueue0": "I",
+                    "retry_time0": self._time(self.now()),
+                    "msg_body0": body,
+                    "correl_id0": None,
+                    "label0": "",
+                    "headers0": "",
+                    "unique_id0": unique_id,
+                }
+                self._run(db, "InsertMessageBatch_InsertSql", params, target.rsplit("/", 1)[1])
+        return targets
 
     def receive(self, table: str | None = None) -> Received | None:
         """`SelectAndLockNextInputMessage` (CommonQueueOps.cs:39-75): select and lock the

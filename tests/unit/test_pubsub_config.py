@@ -451,33 +451,71 @@ endpoints:
 """
 
 
-@pytest.mark.parametrize(
-    ("subscriber", "where"),
-    [
-        # An NGinn publisher: its subscribers are rows of NGinn's own subscription table.
-        ("  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}", 9),
-        # A Kafka publisher's event published on the NGinn connection of its subscriber.
-        ("  Books: {connection: ng, subscribes: [{event: I.Stock, publisher: Inventory}]}", 9),
-    ],
-)
-def test_pub_sub_that_needs_nginns_subscription_table_is_refused(
-    subscriber: str, where: int
-) -> None:
-    """NGinn publishers read `NGinnMessageBus_Subscriptions` (publisher_endpoint,
+def test_pub_sub_across_nginn_tables_is_rows_of_nginns_subscription_table() -> None:
+    """On NGinn tables a subscription is a row of NGinn's subscription table (publisher_endpoint,
     subscriber_endpoint, message_type: lafar6502/nginn-messagebus@1fa4baf NGinnBPM.MessageBus/
-    Impl/SqlSubscriptionService.cs:63-101), which the bridge does not write: a
-    SubscriptionRouting row there would never be read, and the events never come."""
-    error = error_of(NGINN + subscriber + "\n")
-    assert "a connection of NGinn tables: the bridge does not write NGinn's subscriptions" in error
-    assert error.startswith(f"routes.yaml:{where}:"), error
-    # An NGinn subscriber of an event published on RabbitMQ: its proxy there subscribes.
-    config_of(
-        NGINN
-        + "  Books: {connection: ng, subscribes: [{event: W.Shipped, publisher: Warehouse}]}\n"
+    create_subscribertable.sqlserver.sql; Impl/SqlSubscriptionService.cs:104-134), endpoints
+    `sql://<alias>/<table>`, the type NGinn's name (`nginn.types`, before the comma)."""
+    config = config_of(
+        NGINN.replace("timezone: UTC}", "timezone: UTC, types: {L.Placed: 'Lg.Placed, Lg'}}")
+        + "  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+        + "  Books: {connection: ng, subscribes: [{event: I.Stock, publisher: Inventory}]}\n"
+        + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
     )
-    written = NGINN.split("endpoints:")[0] + (
+    pubsub = config.registry.pubsub
+    rows = {(s.endpoint, s.kind): pubsub.nginn_row(s) for s in pubsub.subscriptions()}
+    assert rows == {
+        # An NGinn publisher: its own table's endpoint, the proxy's table subscribing.
+        ("Shipping", "proxy"): ("sql://ng/Legacy", "sql://ng/Shipping", "Lg.Placed"),
+        ("Stats", "kafka"): ("sql://ng/Legacy", "sql://ng/Stats", "Lg.Placed"),
+        # A Kafka publisher's event, published on NGinn as the publisher's proxy there.
+        ("Books", "home"): ("sql://ng/Inventory", "sql://ng/Books", "I.Stock"),
+    }
+
+
+def test_a_publish_route_onto_nginn_tables_names_the_publishers_table() -> None:
+    routes = NGINN.split("endpoints:")[0] + (
         "routes:\n"
         "  - {name: p, from: {connection: kafka, topic: t, group: g}, to: {connection: ng}, "
         "publish: true}\n"
     )
-    assert "holds NGinn tables, whose subscriptions the bridge does not read" in error_of(written)
+    error = error_of(routes)
+    assert error.startswith("routes.yaml:6:"), error
+    assert "name the publisher's table as `to.queue`" in error
+    config_of(routes.replace("to: {connection: ng}", "to: {connection: ng, queue: Legacy}"))
+    long = "P" * 45  # sql://ng/PPP...: 54 characters, NGinn's from_endpoint holds 50
+    error = error_of(
+        routes.replace("to: {connection: ng}", f"to: {{connection: ng, queue: {long}}}")
+    )
+    assert "from_endpoint" in error and "its column holds 50" in error, error
+
+
+def test_nginn_subscription_rows_must_fit_nginns_columns() -> None:
+    long_type = "Lg." + "T" * 300 + ", Lg"
+    text = (
+        NGINN.replace("timezone: UTC}", f"timezone: UTC, types: {{L.Placed: '{long_type}'}}}}")
+        + "  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+    )
+    error = error_of(text)
+    assert "NGinn message_type" in error and "its column holds 300" in error, error
+    assert error.startswith("routes.yaml:9:"), error
+    publisher = "I" * 45  # its endpoint on ng, from which the bridge publishes: 54 characters
+    error = error_of(
+        NGINN.replace("Inventory", publisher)
+        + f"  Books: {{connection: ng, subscribes: [{{event: I.Stock, publisher: {publisher}}}]}}\n"
+    )
+    assert "from_endpoint of what it publishes" in error and "holds 50" in error, error
+
+
+async def test_unsubscribing_a_kafka_subscriber_keeps_the_nginn_row_others_share() -> None:
+    """NGinn's row is keyed by (publisher, message type, subscriber): every Kafka subscriber of
+    the event shares the carrier's, so unsubscribing one by hand must not cut the other off."""
+    from bridge.service.subscriptions import change
+
+    config = config_of(
+        NGINN
+        + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+        + "  Audit: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+    )
+    said = await change(config, "Audit", "L.Placed", subscribe=False)  # connects to nothing
+    assert said.startswith("ng: kept the NGinn subscription of L.Placed to 'Stats'"), said

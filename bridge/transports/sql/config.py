@@ -32,6 +32,8 @@ __all__ = [
     "MAX_DELAY_SECONDS",
     "MAX_TABLE_NAME_BYTES",
     "NGINN_ENDPOINT_CHARS",
+    "NGINN_MESSAGE_TYPE_CHARS",
+    "NGINN_SUBSCRIPTION_ENDPOINT_CHARS",
     "SOURCE_GROUP",
     "SQLSERVER_MAX_NAME",
     "NGinnOptions",
@@ -51,6 +53,9 @@ KINDS = ("sqlite", "postgresql", "sqlserver")
 DEFAULT_SUBSCRIPTIONS = "NGinnMessageBus_Subscriptions"
 #: NGinn's `from_endpoint` and `to_endpoint` are varchar(50) (createmqueue.sqlserver.sql:5-6).
 NGINN_ENDPOINT_CHARS = 50
+#: The widths of NGinn's subscription table's endpoint and message type columns
+#: (create_subscribertable.sqlserver.sql:4-6).
+NGINN_SUBSCRIPTION_ENDPOINT_CHARS, NGINN_MESSAGE_TYPE_CHARS = 200, 300
 #: What an IANA zone name is made of (the layout writes it into SQL as a literal).
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*")
 #: What a route end on this connection names, and whether a source reads in a consumer group.
@@ -104,6 +109,11 @@ class NGinnOptions(Strict):
         "12 hours in the tables it reads, as NGinn's own process does; only for tables no "
         "NGinn process owns.",
     )
+
+    def message_type(self, event: str) -> str:
+        """NGinn's name of NServiceBus type `event` (its subscription rows' `message_type`, a
+        .NET full name): the part of its `types` entry before the comma, else `event`."""
+        return self.types.get(event, event).split(",", 1)[0].strip() or event
 
 
 class _Sql(Strict):

@@ -1,0 +1,132 @@
+"""`NGinnPublisher` and NGinn's subscription table on real PostgreSQL and SQLite, without a
+bridge process: who gets a copy, and what each copy's row holds.
+
+NGinn facts pinned here (lafar6502/nginn-messagebus @1fa4baf, `NGinnBPM.MessageBus/`):
+- subscribers are the union of the subscribers of each class of the chain, from rows whose
+  expiration has not passed (Impl/MessageBus.cs:264-287; NamedQueries.sqlserver.json:27);
+- one row per distinct subscriber endpoint, `from_endpoint` the publisher, the first copy with
+  the message's unique id and each clone with a new one (MessageBus.cs:347-371, 213-217);
+- Subscribe updates the expiration of an existing row and inserts only when there is none
+  (Impl/SqlSubscriptionService.cs:104-134).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+
+from bridge.envelope import Envelope, Headers
+from bridge.errors import MessageRejected
+from bridge.transports.sql.config import SqlConnection
+from bridge.transports.sql.nginn_publish import NGinnPublisher
+from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
+from bridge.transports.sql.transport import Transport as SqlTransport
+from tests.conftest import unique
+from tests.support.nginn import NGinn
+
+pytestmark = pytest.mark.integration
+
+TABLE = "NGinnMessageBus_Subscriptions"
+BASE, DERIVED = "Sales.OrderPlaced", "Sales.ExpressOrderPlaced"
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    if request.param == "sqlite":
+        yield {"type": "sqlite", "path": str(tmp_path / "ng.db")}
+    else:
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+        yield {"type": "postgresql", "dsn": dsn, "schema": schema}
+
+
+def transport_of(place: dict[str, Any]) -> SqlTransport:
+    config: SqlConnection = TypeAdapter(SqlConnection).validate_python(
+        place
+        | {
+            "layout": "nginn",
+            "nginn": {"alias": "db", "timezone": "Europe/Warsaw", "types": {BASE: "Lg.Base, Lg"}},
+        }
+    )
+    return SqlTransport("ng", config)
+
+
+def event(message_id: str) -> Envelope:
+    headers = Headers(
+        [
+            ("NServiceBus.MessageId", message_id),
+            ("NServiceBus.EnclosedMessageTypes", f"{DERIVED}, Sales;{BASE}, Sales"),
+        ]
+    )
+    return Envelope(headers, json.dumps({"$type": "Lg.Express, Lg", "OrderId": 1}).encode())
+
+
+async def test_publishes_one_row_per_subscriber_of_the_class_chain(place: dict[str, Any]) -> None:
+    transport = transport_of(place)
+    billing, shipping, gone = unique("Billing"), unique("Shipping"), unique("Gone")
+    await transport.install([billing, shipping, gone])
+    table = NGinnSubscriptionTable(transport.dialect, TABLE)
+    pub = "sql://db/Sales"
+    try:
+        await table.create()
+        await table.create()  # idempotent
+        await table.subscribe(pub, f"sql://db/{billing}", "Lg.Base")  # by the NGinn name
+        await table.subscribe(pub, f"sql://db/{billing}", DERIVED)  # the same endpoint twice
+        await table.subscribe(pub, f"sql://db/{shipping}", "System.Object")
+        await table.subscribe("sql://db/Other", f"sql://db/{gone}", "Lg.Base")  # not Sales's
+        await table.subscribe(pub, f"sql://db/{gone}", BASE)  # not the NGinn name (nginn.types)
+        rows = await table.rows()
+        await table.subscribe(pub, f"sql://db/{shipping}", "System.Object")
+        assert await table.rows() == rows  # NGinn's update-then-insert: the same row
+        assert len(rows) == 5 and all(r[4] is None for r in rows)
+    finally:
+        await table.close()
+    sink = NGinnPublisher(transport.dialect, transport.config, pub, transport.pool)
+    try:
+        await sink.send([event("e-1")])
+    finally:
+        await sink.close()
+        await transport.close()
+    where = place.get("path") or f"{place['dsn']}|{place['schema']}"
+    got = {}
+    for name in (billing, shipping, gone):
+        reader = NGinn(place["type"], where, name, "Europe/Warsaw")
+        received = reader.receive()
+        assert reader.receive() is None
+        got[name] = received
+    assert got[gone] is None
+    copies = [got[billing], got[shipping]]
+    assert all(c is not None and c.from_endpoint == pub for c in copies)
+    ids = sorted(c.unique_id or "" for c in copies if c is not None)
+    assert "e-1" in ids and len(set(ids)) == 2  # one keeps the message id, the clone a new one
+    assert {c.to_endpoint for c in copies if c is not None} == {
+        f"sql://db/{billing}",
+        f"sql://db/{shipping}",
+    }
+    assert all(
+        c is not None and c.headers["NServiceBus.MessageIntent"] == "Publish" for c in copies
+    )
+
+
+async def test_a_subscriber_in_another_database_is_refused_with_its_index(
+    place: dict[str, Any],
+) -> None:
+    transport = transport_of(place)
+    table = NGinnSubscriptionTable(transport.dialect, TABLE)
+    try:
+        await table.create()
+        await table.subscribe("sql://db/Sales", "sql://elsewhere/Billing", "Lg.Base")
+    finally:
+        await table.close()
+    sink = NGinnPublisher(transport.dialect, transport.config, "sql://db/Sales", transport.pool)
+    try:
+        with pytest.raises(MessageRejected) as caught:
+            await sink.send([event("e-2")])
+        assert caught.value.index == 0 and "sql://elsewhere/Billing" in str(caught.value)
+    finally:
+        await sink.close()
+        await transport.close()
