@@ -6,7 +6,8 @@ message: the destination (connection name, address, the route's record key setti
 headers (the Headers column's JSON, `bridge.transports.sql.headers`), the body and when it is
 due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
 stores rows and produces them when due: it takes a batch of due rows in a transaction (rows
-other transactions hold are skipped: several processes compete safely), sends them, and
+other transactions hold are skipped, when taking and when reading the next due time alike:
+several processes compete safely, and one waits while another sends), sends them, and
 deletes them in that transaction only after the destination acknowledged them, so a crash
 between the two sends them again (at least once, never lost).
 """
@@ -87,7 +88,12 @@ class DelayTable:
                 f"SELECT {taken} FROM {tp} WHERE Due <= now() ORDER BY Due "
                 f"LIMIT {p} FOR UPDATE SKIP LOCKED"
             )
-            self.next_due = f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1"
+            # Rows another producer holds are skipped here as `take` skips them: were they
+            # read, a held due row would make the producer look again at once, in a loop.
+            self.next_due = (
+                f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1 "
+                "FOR KEY SHARE SKIP LOCKED"
+            )
             self.waiting = (
                 f"SELECT count(*), EXTRACT(EPOCH FROM min(Due) - now()) FROM {tp} "
                 f"WHERE Connection = {p} AND Address = {p}"
