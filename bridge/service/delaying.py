@@ -28,7 +28,7 @@ from bridge.errors import (
     MessageRejected,
     MessagesRejected,
 )
-from bridge.nservicebus.delays import DELAY_WITH_TTL
+from bridge.nservicebus.delays import DELAY_WITH_TTL, too_long
 from bridge.protocols import Checkpoint, Sink, Transport
 from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
@@ -136,6 +136,10 @@ class DelayingSink:
                 continue
             if envelope.expires_at is not None:
                 raise MessageRejected(f"delays: {DELAY_WITH_TTL}", index=index)
+            assert SQL_MAX_DELAY is not None
+            longer = too_long(envelope, now, SQL_MAX_DELAY, "delays", index)
+            if longer is not None:
+                raise longer
             try:
                 later.append(
                     self._table.store_params(envelope, round((due - now) * 1000), *self._to)

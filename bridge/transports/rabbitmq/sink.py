@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 from bridge.envelope import Envelope
 from bridge.errors import MessageRejected, MessagesRejected, TransportUnavailable
+from bridge.nservicebus.delays import too_long
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.admin import delay_binding, run_declaration
 from bridge.transports.rabbitmq.config import (
@@ -71,12 +72,10 @@ def encode_batch(
     routes: list[tuple[str, str] | None] = []
     for index, envelope in enumerate(envelopes):
         delay = 0 if envelope.deliver_at is None else delay_seconds(envelope.deliver_at, now)
+        longer = too_long(envelope, now, MAX_DELAY_SECONDS, "RabbitMQ's delay levels", index)
+        if longer is not None:
+            raise longer
         try:
-            if delay > MAX_DELAY_SECONDS:
-                raise MessageRejected(
-                    f"a delay of {delay} s is longer than the {MAX_DELAY_SECONDS} s "
-                    "RabbitMQ's delay infrastructure holds"
-                )
             messages.append(outgoing(envelope, now, frame_max=frame_max, delay=delay))
         except MessageRejected as exc:
             raise MessageRejected(f"message {index}: {exc}", index=index) from exc
