@@ -23,12 +23,18 @@ from bridge.nservicebus.wireformat import parse_timespan, timestamp_seconds
 
 __all__ = [
     "DELAY_WITH_TTL",
+    "DELIVER_AT",
     "parse_delay",
     "parse_deliver_at",
     "parse_delivery_request",
     "refuse_delays",
     "too_long",
 ]
+
+#: A producer's request that the message be delivered no earlier than this time: the Kafka
+#: record header that asks the bridge for a delay (`bridge.transports.kafka.headers`), also
+#: kept on the error-queue copy of a delayed message (`bridge.nservicebus.deadletter`).
+DELIVER_AT = "NServiceBus.Bridge.DeliverAt"
 
 DELAY_WITH_TTL = (
     "a delayed message cannot have a time to be received: NServiceBus refuses postponed "

@@ -21,6 +21,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bridge.config.loader import load_config
+from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.transports import load
 from tests.conftest import unique
 from tests.support.queues import drain
@@ -150,6 +151,11 @@ async def test_a_delay_no_destination_can_hold_and_one_that_is_not_a_time_go_to_
         for refused_id in expected - {"bad"}:
             reason = by_id[refused_id]["NServiceBus.ExceptionInfo.Message"]
             assert f"longer than the {longest} s" in reason, (end, reason)
+            asked = asks[refused_id]
+            assert asked is not None  # kept on the copy: a retry asks again
+            kept = by_id[refused_id]["NServiceBus.Bridge.DeliverAt"]
+            assert timestamp_seconds(kept) == datetime.fromisoformat(asked).timestamp()
+        assert by_id["bad"]["NServiceBus.Bridge.DeliverAt"] == "soon"  # the record as it was
 
     loaded = load_config(config).config
     for end in SQL_ENDS:
