@@ -20,6 +20,14 @@ An error copy that fails again
     its own failures (RawEndpointErrorHandlingPolicy.cs:30-31 and BridgeHeaders.cs:1-13 of
     Particular/NServiceBus.MessagingBridge@ef463cf).
 
+A delayed message
+    A message the bridge was asked to delay (`Envelope.deliver_at`, from a Kafka record's
+    `NServiceBus.Bridge.DeliverAt`, which reading removes) that fails keeps the request: its
+    copy carries `NServiceBus.Bridge.DeliverAt` again, the time in NServiceBus's timestamp
+    format, so that a retry (back to FailedQ, the Kafka topic it came from) is delayed as the
+    message first asked, or refused again for the same reason. The copy itself goes to the
+    error queue at once.
+
 Poison messages (headers that cannot be read at all)
     Kafka and RabbitMQ error copies keep the original headers byte for byte and append the
     failure headers (`kafka/headers.py`, `rabbitmq/headers.py`). A SQL Headers column that is
@@ -48,6 +56,7 @@ from datetime import UTC, datetime
 
 from bridge.envelope import MESSAGE_ID, Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
+from bridge.nservicebus.delays import DELIVER_AT
 from bridge.nservicebus.host import host_id, host_name
 from bridge.nservicebus.lifetime import FAILED_Q
 from bridge.nservicebus.wireformat import format_timestamp
@@ -131,6 +140,8 @@ def error_copy(
             ]
     for name, value in added:
         headers.set(name, value)
+    if isinstance(item, Envelope) and item.deliver_at is not None and DELIVER_AT not in headers:
+        headers.add(DELIVER_AT, format_timestamp(datetime.fromtimestamp(item.deliver_at, UTC)))
     return Envelope(headers, item.body, native_id=item.native_id)
 
 

@@ -2,7 +2,9 @@
 on the envelope as `deliver_at`, and carried out by the destination's native means.
 
 Which destinations can hold a delay, and for how long, is each connection type's
-`MAX_DELAY_SECONDS` (its config module; None: it cannot). A delay together with a time to be
+`MAX_DELAY_SECONDS` (its config module; None: it cannot). Every sink that delays refuses a
+message asking for longer, by itself (`too_long`): the request may come from a Kafka record,
+not only from `bridge send`, which checks first. A delay together with a time to be
 received is refused, as NServiceBus refuses it: a message that waits may expire before it is
 due (NServiceBus.RabbitMQ Sending/BasicPropertiesExtensions.cs:30-36).
 
@@ -21,11 +23,18 @@ from bridge.nservicebus.wireformat import parse_timespan, timestamp_seconds
 
 __all__ = [
     "DELAY_WITH_TTL",
+    "DELIVER_AT",
     "parse_delay",
     "parse_deliver_at",
     "parse_delivery_request",
     "refuse_delays",
+    "too_long",
 ]
+
+#: A producer's request that the message be delivered no earlier than this time: the Kafka
+#: record header that asks the bridge for a delay (`bridge.transports.kafka.headers`), also
+#: kept on the error-queue copy of a delayed message (`bridge.nservicebus.deadletter`).
+DELIVER_AT = "NServiceBus.Bridge.DeliverAt"
 
 DELAY_WITH_TTL = (
     "a delayed message cannot have a time to be received: NServiceBus refuses postponed "
@@ -80,3 +89,18 @@ def refuse_delays(envelopes: Sequence[Envelope], now: float, where: str) -> None
                 "message",
                 index=index,
             )
+
+
+def too_long(
+    envelope: Envelope, now: float, longest: int, where: str, index: int
+) -> MessageRejected | None:
+    """A `MessageRejected` naming `envelope` (at `index` of its send) when it asks to be
+    delivered more than `longest` seconds after `now`; None otherwise."""
+    if envelope.deliver_at is None or envelope.deliver_at - now <= longest:
+        return None
+    return MessageRejected(
+        f"{where}: message {index} asks to be delivered in {envelope.deliver_at - now:.0f} s, "
+        f"longer than the {longest} s ({timedelta(seconds=longest)}) this destination can "
+        "delay a message",
+        index=index,
+    )

@@ -28,7 +28,7 @@ from bridge.errors import (
     MessageRejected,
     MessagesRejected,
 )
-from bridge.nservicebus.delays import DELAY_WITH_TTL
+from bridge.nservicebus.delays import DELAY_WITH_TTL, too_long
 from bridge.protocols import Checkpoint, Sink, Transport
 from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
@@ -136,6 +136,10 @@ class DelayingSink:
                 continue
             if envelope.expires_at is not None:
                 raise MessageRejected(f"delays: {DELAY_WITH_TTL}", index=index)
+            assert SQL_MAX_DELAY is not None
+            longer = too_long(envelope, now, SQL_MAX_DELAY, "delays", index)
+            if longer is not None:
+                raise longer
             try:
                 later.append(
                     self._table.store_params(envelope, round((due - now) * 1000), *self._to)
@@ -173,7 +177,8 @@ def _index(positions: list[int], index: int | None) -> int | None:
 
 class DelayedProducer:
     """Sends the due rows of `BridgeDelays` on `store` to their destinations (a batch at a
-    time: sent, then deleted, in one transaction of the table); see the module docstring."""
+    time: sent, then deleted, in one transaction of the table; SQLite: claimed, sent, then
+    deleted, `delay_table`); see the module docstring."""
 
     def __init__(
         self,
@@ -216,28 +221,40 @@ class DelayedProducer:
 
     async def _produce_due(self, db: Connection) -> bool:
         """Send the due rows of one destination (of a batch taken in due order) and delete
-        them, in their own transaction; whether there were any.
+        them, in their own transaction (SQLite: claimed first, `delay_table`); whether there
+        were any.
 
         A row its destination refuses for good (a record too large, a connection the config no
         longer names) is put off by `REFUSED_AGAIN` seconds, logged as an error, and the others
         of its destination are sent: it never holds up the rows behind it, nor makes them go
         out again. A failure that may pass rolls everything back (sent again: at least once).
         """
-        rows = await db.run(partial(self.table.take_due, self.batch))
-        if not rows:
+        taken = await db.run(partial(self.table.take_due, self.batch))
+        if not taken:
             return False
-        to = (rows[0].connection, rows[0].address, rows[0].key)
-        taken = [row for row in rows if (row.connection, row.address, row.key) == to]
+        to = (taken[0].connection, taken[0].address, taken[0].key)
         try:
             refused = await self._send(to, taken)
-            sent = [row.id for i, row in enumerate(taken) if i not in refused]
-            ids = [taken[i].id for i in sorted(refused)]
+        except BaseException:
+            await self._give_back(db, taken)
+            raise
+        sent = [row.id for i, row in enumerate(taken) if i not in refused]
+        ids = [taken[i].id for i in sorted(refused)]
+        try:
             await db.run(partial(self.table.settle, sent, ids, REFUSED_AGAIN))
         except BaseException:
             with contextlib.suppress(BridgeError):
                 await db.run(_roll_back)
             raise
         return True
+
+    async def _give_back(self, db: Connection, rows: list[DelayRow]) -> None:
+        """The rows taken are due again as they were; a failure here leaves a SQLite claim to
+        run out (`delay_table.CLAIM_FOR`)."""
+        try:
+            await db.run(partial(self.table.give_back, rows))
+        except BridgeError as exc:
+            log.warning("giving back %d delayed message(s) taken failed: %s", len(rows), exc)
 
     async def _send(self, to: tuple[str, str, str | None], rows: list[DelayRow]) -> set[int]:
         """Send `rows` to `to`; the indexes of those refused for good."""

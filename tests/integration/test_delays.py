@@ -20,6 +20,7 @@ import pika
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from bridge.nservicebus.wireformat import timestamp_seconds
 from tests.conftest import unique
 
 pytestmark = pytest.mark.integration
@@ -125,6 +126,8 @@ async def test_a_delay_asked_for_on_kafka_is_carried_out_or_refused_by_the_desti
     headers = {name: (value or b"").decode() for name, value in refused.headers}
     assert headers["NServiceBus.MessageId"] == "later"
     assert "this destination cannot delay" in headers["NServiceBus.ExceptionInfo.Message"]
+    # It keeps its delay request: a retry to the topic is delayed as it first asked.
+    assert abs(timestamp_seconds(headers["NServiceBus.Bridge.DeliverAt"]) - due) < 1e-3
 
 
 async def test_peek_of_a_topic_shows_the_delays_waiting_for_it_in_bridge_delays(

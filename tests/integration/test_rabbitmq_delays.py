@@ -125,3 +125,49 @@ async def test_the_infrastructure_is_what_nservicebus_declares(
     assert wanted <= have
     assert (level_name(0), DELIVERY_EXCHANGE, "*." * 27 + "0.#") in have
     assert (DELIVERY_EXCHANGE, queue, f"#.{queue}") in have
+
+
+def delete_delay_binding(queue: str, topology: str) -> None:
+    """Delete the destination's binding to the delivery exchange, as an operator might
+    (management API)."""
+    kind = "q" if topology == "direct" else "e"
+    where = f"bindings/%2F/e/{DELIVERY_EXCHANGE}/{kind}/{urllib.parse.quote(queue, safe='')}"
+    (binding,) = api("GET", where)
+    api("DELETE", f"{where}/{urllib.parse.quote(binding['properties_key'], safe='')}")
+    assert api("GET", where) == []
+
+
+async def arrived(url: str, queue: str, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    got: list[tuple[float, pika.BasicProperties]] = []
+    while not got and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        got = await asyncio.to_thread(take, url, queue)
+    return [properties.message_id for _, properties in got]
+
+
+@pytest.mark.parametrize("topology", ["conventional", "direct"])
+async def test_a_delay_binding_deleted_while_the_sink_runs_is_made_again_before_a_delayed_send(
+    make: Callable[..., Transport],
+    rabbitmq_url: str,
+    rabbitmq_queues: Callable[..., str],
+    topology: str,
+) -> None:
+    """NServiceBus binds the destination to `nsb.v2.delay-delivery` before each delayed send
+    (Connection/ConfirmsAwareChannel.cs:41 of Particular/NServiceBus.RabbitMQ@ec745bf8): a
+    binding deleted meanwhile would otherwise drop every delayed message at the delivery
+    exchange, unroutable. The sink binds before each send that holds a delayed message."""
+    queue = rabbitmq_queues("Delayed")
+    transport = make(topology=topology)
+    await transport.install([queue])
+    sink = transport.sink(queue)
+    try:
+        headers = Headers([("NServiceBus.MessageId", "first")])
+        await sink.send([Envelope(headers, b"{}", deliver_at=time.time() + 1)])
+        assert await arrived(rabbitmq_url, queue, 10) == ["first"]
+        await asyncio.to_thread(delete_delay_binding, queue, topology)
+        headers = Headers([("NServiceBus.MessageId", "after")])
+        await sink.send([Envelope(headers, b"{}", deliver_at=time.time() + 1)])
+        assert await arrived(rabbitmq_url, queue, 10) == ["after"]
+    finally:
+        await sink.close()

@@ -31,6 +31,7 @@ from bridge.service.movers import DelayedMover
 from bridge.transports import load
 from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
 from bridge.transports.sql.transport import Transport as SqlTransport
+from tests.conftest import unique
 from tests.faults import BridgeProcess
 from tests.support.queues import drain
 
@@ -431,3 +432,79 @@ async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_
         ).fetchall()
     assert address == "b"
     assert REFUSED_AGAIN - 30 < seconds <= REFUSED_AGAIN
+
+
+async def test_a_forward_destination_in_another_schema_gets_the_message_there(
+    tmp_path: Path, pg_dsn: str, pg_schema: str
+) -> None:
+    """NServiceBus's receiver sends a forwarded message to whatever queue its
+    ForwardDestination names, schema-qualified ones included (Sql.Shared/Receiving/
+    ProcessStrategy.cs:101-104: `tableBasedQueueCache.Get(forwardDestination)`, the address
+    translated with its schema, PostgreSql/Addressing/QueueAddressTranslator.cs:31-45): a row
+    of PostgreSQL `In` naming `"sales"."Billing"` goes to that table, in the receive's
+    transaction. One naming a table that does not exist there is a poison message. SQLite
+    reaches only `main`: another schema is a poison message, with the reason."""
+    from bridge.config.models import BridgeConfig
+
+    sales = unique("sales")
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute(f'CREATE SCHEMA "{sales}"')
+    try:
+        config = BridgeConfig.model_validate(
+            {
+                "connections": {
+                    "pg": sql_connection("postgresql", tmp_path, pg_dsn, pg_schema),
+                    "sales": sql_connection("postgresql", tmp_path, pg_dsn, sales),
+                    "lite": sql_connection("sqlite", tmp_path, pg_dsn, pg_schema),
+                }
+            }
+        )
+        pg, there, lite = (load(name, config.connections[name]) for name in config.connections)
+        forwards = {
+            "pg": [
+                ("billing", f'"{sales}"."Billing"'),
+                ("nowhere", f'"{sales}"."Nowhere"'),
+                ("own", f'"{pg_schema}"."In"'),
+            ],
+            "lite": [("other", '"sales"."Billing"'), ("own", '"main"."In"')],
+        }
+        taken: dict[str, list[str | None]] = {}
+        poison: dict[str, list[tuple[str | None, str]]] = {}
+        try:
+            await there.install(["Billing"])
+            for name, transport in (("pg", pg), ("lite", lite)):
+                await transport.install(["In", "err"])
+                sink = transport.sink("In")
+                await sink.send(
+                    [
+                        Envelope(
+                            Headers([("NServiceBus.MessageId", i), (FORWARD_DESTINATION, to)]),
+                            b"{}",
+                        )
+                        for i, to in forwards[name]
+                    ]
+                )
+                await sink.close()
+                source = transport.source("In", error_queue="err")
+                batch = await source.receive_batch(10, 1.0)
+                async with batch:
+                    taken[name] = [e.message_id for e in batch.messages]
+                    poison[name] = [
+                        (p.headers.get("NServiceBus.MessageId"), p.reason) for p in batch.poison
+                    ]
+                    await batch.commit()
+                await source.close()
+            billing = await drain(there, "Billing")
+        finally:
+            for transport in (pg, there, lite):
+                await transport.close()
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as db:
+            db.execute(f'DROP SCHEMA "{sales}" CASCADE')
+    assert [e.message_id for e in billing] == ["billing"]
+    assert FORWARD_DESTINATION not in billing[0].headers
+    assert taken == {"pg": ["own"], "lite": ["own"]}
+    ((nowhere, reason),) = poison["pg"]
+    assert nowhere == "nowhere" and "does not exist" in reason
+    ((other, reason),) = poison["lite"]
+    assert other == "other" and "SQLite" in reason and "main" in reason

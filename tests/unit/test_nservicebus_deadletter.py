@@ -109,3 +109,21 @@ def test_an_error_copy_that_fails_again_keeps_its_own_failure_headers() -> None:
     plain = error_copy(Envelope(Headers(original[:1]), b"{}"), ValueError("x"), "Sales")
     assert plain.headers.get("NServiceBus.FailedQ") == "Sales"
     assert not any(k.startswith("NServiceBus.MessagingBridge.") for k, _ in plain.headers)
+
+
+def test_the_error_copy_of_a_delayed_message_keeps_its_delay_request() -> None:
+    """A Kafka record's `NServiceBus.Bridge.DeliverAt` is removed when it is read (it becomes
+    `deliver_at`); the error copy writes it again, so that a retry to the topic is delayed as
+    first asked. The copy itself is not delayed."""
+    from bridge.transports.kafka.headers import DELIVER_AT, incoming, outgoing
+
+    due = 1_900_000_000.123456
+    asked = incoming("t", 0, 7, None, b"{}", [(DELIVER_AT, b"2030-03-17T17:46:40.123456Z")])
+    assert asked.deliver_at == due and DELIVER_AT not in asked.headers
+    copy = error_copy(asked, "refused", "t")
+    assert copy.deliver_at is None
+    record = outgoing(copy, "none", due - 100)
+    retried = incoming("t", 0, 8, None, record.value, record.headers)
+    assert retried.deliver_at == due
+    plain = error_copy(Envelope(Headers([("NServiceBus.MessageId", "m")]), b""), "x", "t")
+    assert DELIVER_AT not in plain.headers

@@ -196,7 +196,7 @@ def test_a_publisher_names_each_subscribers_table_in_its_schema_and_catalog() ->
     sink = SqlPublisher(SqlServerDialect("legacy", config), config)
 
     def table(address: str) -> str:
-        found = sink._table_of(address)
+        found = sink._tables.find(address)
         assert found is not None
         dialect, name = found
         return dialect.table(name)
@@ -207,5 +207,5 @@ def test_a_publisher_names_each_subscribers_table_in_its_schema_and_catalog() ->
     assert table("Billing@[sales]@[other]") == "[other].[sales].[Billing]"
     lite = SqliteConnection(type="sqlite", path=":memory:")
     sqlite = SqlPublisher(SqliteDialect("lite", lite), lite)
-    assert sqlite._table_of('"main"."Billing"') is not None
-    assert sqlite._table_of('"other"."Billing"') is None  # an attached database: not reached
+    assert sqlite._tables.find('"main"."Billing"') is not None
+    assert sqlite._tables.find('"other"."Billing"') is None  # an attached database: not reached

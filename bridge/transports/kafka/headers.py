@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
-from bridge.nservicebus.delays import parse_delivery_request
+from bridge.nservicebus.delays import DELIVER_AT, parse_delivery_request
 from bridge.nservicebus.lifetime import expires_at, never_expires
 from bridge.nservicebus.wireformat import format_timestamp, timestamp_seconds
 
@@ -74,9 +74,6 @@ __all__ = [
 DEFAULT_KEY = f"header:{MESSAGE_ID}"
 #: The deadline header the bridge writes, as Kafka has no time to live of its own.
 EXPIRES_AT = "NServiceBus.Bridge.ExpiresAt"
-
-#: A producer's request that the message be delivered no earlier than this time.
-DELIVER_AT = "NServiceBus.Bridge.DeliverAt"
 
 #: Fixed forever: changing it changes the id of every record that arrived without one.
 RECORD_ID_NAMESPACE = uuid.UUID("8f5c2a4e-6b1d-5f7a-9c3e-0d4b8a6e2f17")

@@ -25,7 +25,8 @@ Facts (Particular/NServiceBus.RabbitMQ, src/NServiceBus.Transport.RabbitMQ/, at 
 
 `declarations()` is the infrastructure as data, in NServiceBus's order: `bridge install` runs
 and prints it (`admin.py`), and a sink runs it once before its first delayed message, so a
-delay never waits in a queue that does not exist.
+delay never waits in a queue that does not exist; the destination's binding it makes before
+each send that holds a delayed message, as NServiceBus does.
 """
 
 from __future__ import annotations

@@ -23,10 +23,11 @@ Failures
 Delays
     An envelope with a `deliver_at` still to come goes through RabbitMQ's v2 delay
     infrastructure as NServiceBus sends it (`delays.py`): to the level exchange of its delay
-    with the delay's routing key, after the sink declared the infrastructure and bound the
-    destination to it (once per sink). A delay beyond 2^28-1 s, or one with a time to be
-    received, raises `MessageRejected` with its index. The confirm of a delayed message means
-    the broker holds it in a delay level.
+    with the delay's routing key, after the sink declared the infrastructure (once per sink)
+    and bound the destination to it (before each send holding a delayed message, as
+    NServiceBus binds before each delayed send: a binding deleted meanwhile is made again).
+    A delay beyond 2^28-1 s, or one with a time to be received, raises `MessageRejected` with
+    its index. The confirm of a delayed message means the broker holds it in a delay level.
 
 What is lossy
     See `headers.py`. The `checkpoint` argument is ignored: RabbitMQ cannot store it.
@@ -40,6 +41,7 @@ from collections.abc import Sequence
 
 from bridge.envelope import Envelope
 from bridge.errors import MessageRejected, MessagesRejected, TransportUnavailable
+from bridge.nservicebus.delays import too_long
 from bridge.protocols import Checkpoint
 from bridge.transports.rabbitmq.admin import delay_binding, run_declaration
 from bridge.transports.rabbitmq.config import (
@@ -71,12 +73,10 @@ def encode_batch(
     routes: list[tuple[str, str] | None] = []
     for index, envelope in enumerate(envelopes):
         delay = 0 if envelope.deliver_at is None else delay_seconds(envelope.deliver_at, now)
+        longer = too_long(envelope, now, MAX_DELAY_SECONDS, "RabbitMQ's delay levels", index)
+        if longer is not None:
+            raise longer
         try:
-            if delay > MAX_DELAY_SECONDS:
-                raise MessageRejected(
-                    f"a delay of {delay} s is longer than the {MAX_DELAY_SECONDS} s "
-                    "RabbitMQ's delay infrastructure holds"
-                )
             messages.append(outgoing(envelope, now, frame_max=frame_max, delay=delay))
         except MessageRejected as exc:
             raise MessageRejected(f"message {index}: {exc}", index=index) from exc
@@ -106,7 +106,7 @@ class RabbitMQSink:
             return
         delayed = any(routes)
         async with self._one_at_a_time:
-            if delayed and not self._delays_ready:
+            if delayed:
                 await self._prepare_delays()
             outcome = await self._link.publish(
                 self._exchange,
@@ -133,12 +133,18 @@ class RabbitMQSink:
             )
 
     async def _prepare_delays(self) -> None:
-        """Before the first delayed message: declare the delay infrastructure and bind the
-        destination to it, as NServiceBus does before each delayed send (`delays.py`); all of
-        it idempotent, so endpoints and bridges declaring the same agree."""
-        for declaration in (*declarations(), self._delay_binding):
-            await self._link.run(run_declaration(declaration), what=declaration.text)
-        self._delays_ready = True
+        """Before a send that holds a delayed message: bind the destination to the delay
+        infrastructure, as NServiceBus binds before each delayed send (`delays.py`), so a
+        binding deleted meanwhile is there again before the message reaches the delivery
+        exchange (where, unbound, it would be dropped); before the first such send, declare
+        the infrastructure too. All of it idempotent: endpoints and bridges declaring the
+        same agree."""
+        if not self._delays_ready:
+            for declaration in declarations():
+                await self._link.run(run_declaration(declaration), what=declaration.text)
+            self._delays_ready = True
+        binding = self._delay_binding
+        await self._link.run(run_declaration(binding), what=binding.text)
 
     async def close(self) -> None:
         await self._link.close()

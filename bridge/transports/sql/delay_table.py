@@ -6,16 +6,24 @@ message: the destination (connection name, address, the route's record key setti
 headers (the Headers column's JSON, `bridge.transports.sql.headers`), the body and when it is
 due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
 stores rows and produces them when due: it takes a batch of due rows in a transaction (rows
-other transactions hold are skipped: several processes compete safely), sends them, and
+other transactions hold are skipped, when taking and when reading the next due time alike:
+several processes compete safely, and one waits while another sends), sends them, and
 deletes them in that transaction only after the destination acknowledged them, so a crash
 between the two sends them again (at least once, never lost).
+
+SQLite has no row locks: a transaction left open across the send would hold the file's write
+lock, and every other writer of the file (routes, endpoints) would wait for the network. There
+a take claims its rows instead, in a short write transaction of its own: their `Due` moves
+`CLAIM_FOR` seconds on, so no other producer takes them meanwhile. The rows sent are deleted
+afterwards in another short transaction; a failure gives the claims back (`Due` as it was);
+a crash leaves them, and the rows are due again, and sent again, once the claim runs out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bridge.envelope import Envelope
@@ -23,9 +31,13 @@ from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_id
 
-__all__ = ["TABLE", "DelayRow", "DelayTable"]
+__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable"]
 
 TABLE = "BridgeDelays"
+#: SQLite: seconds a taken row is claimed for its send, far beyond what a send takes (Kafka's
+#: requests time out after `request_timeout_ms`, 40 s by default). A claim outlived (the
+#: producer died mid-send) makes the row due again: at least once.
+CLAIM_FOR = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +47,8 @@ class DelayRow:
     address: str
     key: str | None
     envelope: Envelope
+    #: SQLite: `Due` as it was before the take claimed the row (given back on a failure).
+    due: str | None = None
 
 
 class DelayTable:
@@ -87,7 +101,12 @@ class DelayTable:
                 f"SELECT {taken} FROM {tp} WHERE Due <= now() ORDER BY Due "
                 f"LIMIT {p} FOR UPDATE SKIP LOCKED"
             )
-            self.next_due = f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1"
+            # Rows another producer holds are skipped here as `take` skips them: were they
+            # read, a held due row would make the producer look again at once, in a loop.
+            self.next_due = (
+                f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1 "
+                "FOR KEY SHARE SKIP LOCKED"
+            )
             self.waiting = (
                 f"SELECT count(*), EXTRACT(EPOCH FROM min(Due) - now()) FROM {tp} "
                 f"WHERE Connection = {p} AND Address = {p}"
@@ -103,7 +122,8 @@ class DelayTable:
                 f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
                 "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', (? / 1000.0) || ' seconds'))"
             )
-            self.take = f"SELECT {taken} FROM {t} WHERE Due <= ? ORDER BY Due LIMIT ?"
+            self.take = f"SELECT {taken}, Due FROM {t} WHERE Due <= ? ORDER BY Due LIMIT ?"
+            self.claim = f"UPDATE {t} SET Due = ? WHERE Id = ?"
             self.next_due = (
                 f"SELECT (julianday(Due) - julianday('now')) * 86400.0 FROM {t} "
                 "ORDER BY Due LIMIT 1"
@@ -130,12 +150,14 @@ class DelayTable:
         return (*row, due_ms, due_ms) if self.dialect.kind == "sqlserver" else (*row, due_ms)
 
     def take_due(self, batch: int, db: DbConnection) -> list[DelayRow]:
-        """Lock up to `batch` due rows in a transaction left open (rolled back when none)."""
+        """Of up to `batch` due rows, in due order, those for the first one's destination:
+        locked in a transaction left open (rolled back when none); SQLite: claimed in a
+        transaction committed (module docstring)."""
         self.dialect.begin(db)
         cursor = db.cursor()
-        if self.dialect.kind == "sqlite":
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-            cursor.execute(self.take, (now, batch))
+        sqlite = self.dialect.kind == "sqlite"
+        if sqlite:
+            cursor.execute(self.take, (_sqlite_time(datetime.now(UTC)), batch))
         else:
             cursor.execute(self.take, (batch,))
         rows = [
@@ -145,12 +167,31 @@ class DelayTable:
                 address=str(row[2]),
                 key=row[3],
                 envelope=Envelope(headers_codec.decode(_text(row[4])), _bytes(row[5])),
+                due=str(row[6]) if sqlite else None,
             )
             for row in cursor.fetchall()
         ]
+        if rows:
+            to = (rows[0].connection, rows[0].address, rows[0].key)
+            rows = [row for row in rows if (row.connection, row.address, row.key) == to]
         if not rows:
             db.rollback()
+        elif sqlite:
+            until = _sqlite_time(datetime.now(UTC) + timedelta(seconds=CLAIM_FOR))
+            cursor.executemany(self.claim, [(until, row.id) for row in rows])
+            db.commit()
         return rows
+
+    def give_back(self, rows: Sequence[DelayRow], db: DbConnection) -> None:
+        """After a failure: the rows `take_due` took are due as they were (rolled back;
+        SQLite: their claims undone)."""
+        if self.dialect.kind != "sqlite":
+            db.rollback()
+            return
+        db.rollback()
+        self.dialect.begin(db)
+        db.cursor().executemany(self.claim, [(row.due, row.id) for row in rows])
+        db.commit()
 
     def waiting_for(
         self, connection: str, address: str, db: DbConnection
@@ -169,9 +210,11 @@ class DelayTable:
     def settle(
         self, sent: Sequence[str], refused: Sequence[str], seconds: int, db: DbConnection
     ) -> None:
-        """In the transaction `take_due` left open: delete the rows sent, make those refused
-        due `seconds` from now (tried again later, never before the rows behind them), and
-        commit."""
+        """In the transaction `take_due` left open (SQLite: a new one): delete the rows sent,
+        make those refused due `seconds` from now (tried again later, never before the rows
+        behind them), and commit."""
+        if self.dialect.kind == "sqlite":
+            self.dialect.begin(db)
         cursor = db.cursor()
         if refused:
             cursor.executemany(self.postpone, [(seconds, i) for i in refused])
@@ -187,6 +230,12 @@ class DelayTable:
         finally:
             db.rollback()
         return None if row is None or row[0] is None else float(row[0])
+
+
+def _sqlite_time(moment: datetime) -> str:
+    """`Due`'s text on SQLite: ISO 8601 UTC to the millisecond, as `strftime('%Y-%m-%dT%H:%M:%fZ')`
+    writes it."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _text(value: object) -> str:

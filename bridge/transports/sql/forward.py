@@ -6,9 +6,13 @@ strips it; when it names the input queue itself the message is handled there, an
 names another queue it is sent there, on the same connection and in the receive's transaction,
 instead of being handled (Sql.Shared/Receiving/ProcessStrategy.cs:75-124). A source does the
 same: the message goes on over its route in the first case, and into the named table in its
-batch's transaction in the second. A destination in another schema or catalog, or a table
-that does not exist, makes the message a poison message (NServiceBus fails it and, after its
-retries, moves it to the error queue: ProcessStrategy.cs:104-121).
+batch's transaction in the second. The named queue may be in another schema (SQL Server: or
+another catalog of the server): the receiver sends to `tableBasedQueueCache.Get(destination)`
+(ProcessStrategy.cs:101-104), the address translated with its schema and catalog, so the
+message goes to that schema's table (`reach.QueueTables`, as a publisher's copies). A table
+that does not exist, or a schema SQLite does not reach (anything but `main`), makes the
+message a poison message (NServiceBus fails it and, after its retries, moves it to the error
+queue: ProcessStrategy.cs:104-121).
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from typing import cast
 
 from bridge.envelope import Envelope, PoisonMessage
 from bridge.errors import HeadersFormatError
-from bridge.transports.sql.addresses import address_key
+from bridge.transports.sql.addresses import address_key, nginn_table
 from bridge.transports.sql.config import SqlConnection
 from bridge.transports.sql.delayed import FORWARD_DESTINATION
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
+from bridge.transports.sql.reach import QueueTables
 
 __all__ = ["Forwards"]
 
@@ -33,7 +38,8 @@ class Forwards:
         self._dialect = dialect
         self._config = cast(SqlConnection, getattr(dialect, "config"))  # noqa: B009
         self._own = address_key(self._config, address)
-        self._exists: set[str] = set()
+        self._tables = QueueTables(dialect, self._config)
+        self._exists: set[tuple[Dialect, str]] = set()
 
     def take(self, envelope: Envelope, db: DbConnection) -> Envelope | PoisonMessage | None:
         """`envelope` with the header stripped when it is this queue's; None when it was sent
@@ -47,14 +53,18 @@ class Forwards:
         key = address_key(self._config, target)
         if key == self._own:
             return envelope
-        table = key[0]
-        if key != address_key(self._config, table):
-            return self._poison(envelope, f"{FORWARD_DESTINATION} {target!r} is in another schema")
-        if table not in self._exists:
-            if not self._dialect.table_exists(db, table):
+        place = self._tables.find(nginn_table(self._config, target) or target)
+        if place is None:
+            return self._poison(
+                envelope,
+                f"{FORWARD_DESTINATION} {target!r} is not a queue table this connection reaches "
+                "(SQLite: only `main`'s)",
+            )
+        dialect, table = place
+        if place not in self._exists:
+            if not dialect.table_exists(db, table):
                 return self._poison(envelope, f"{FORWARD_DESTINATION} {target!r} does not exist")
-            self._exists.add(table)
-        dialect = self._dialect
+            self._exists.add(place)
         try:
             row = dialect.layout.outgoing(envelope, time.time(), address=table)
         except HeadersFormatError as exc:

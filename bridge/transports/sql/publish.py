@@ -13,8 +13,7 @@ Guarantees
 
     An address in another schema (`"sales"."Billing"`, `Billing@[sales]`), or on SQL Server in
     another catalog of the same server (`Billing@[sales]@[other]`), gets its copy there, as the
-    transport sends to a schema-qualified address (QueueAddress.cs:23-58 of the SQL Server
-    transport, PostgreSql/Addressing/QueueAddress.cs:17-42), in the same transaction.
+    transport sends to a schema-qualified address (`reach.py`), in the same transaction.
 
 Failures
     An event with a `deliver_at` still to come raises `MessageRejected` with its index:
@@ -38,12 +37,12 @@ from bridge.errors import HeadersFormatError, MessageRejected
 from bridge.nservicebus.delays import refuse_delays
 from bridge.nservicebus.events import published, topics_of
 from bridge.protocols import Checkpoint
-from bridge.transports.sql.addresses import parse_postgresql, parse_sqlserver
 from bridge.transports.sql.config import SqlConnection
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_ids
 from bridge.transports.sql.pool import Pool
+from bridge.transports.sql.reach import QueueTables
 from bridge.transports.sql.subscriptions import SubscriptionTable
 
 __all__ = ["CACHE_FOR", "SqlPublisher"]
@@ -66,8 +65,7 @@ class SqlPublisher:
         self._connection = Connection(dialect, pool=pool)
         self._table = SubscriptionTable(dialect, config.subscription_table, self._connection)
         self._cache: dict[tuple[str, ...], tuple[float, list[str]]] = {}
-        #: (schema, catalog) -> the dialect that names tables there, for addresses elsewhere.
-        self._elsewhere: dict[tuple[str, str | None], Dialect] = {}
+        self._tables = QueueTables(dialect, config)
 
     async def send(
         self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
@@ -88,40 +86,6 @@ class SqlPublisher:
         self._cache[topics] = (now, found)
         return found
 
-    def _table_of(self, address: str) -> tuple[Dialect, str] | None:
-        """The queue table `address` names, with the dialect of its schema (and catalog); None
-        where this connection cannot reach it."""
-        config = self._config
-        if config.type == "sqlserver":
-            table, schema, catalog = parse_sqlserver(address)
-            own = getattr(self._dialect, "database", None) or config.catalog
-            if catalog is None or (own is not None and catalog.casefold() == own.casefold()):
-                catalog = config.catalog
-            if schema is None or schema.casefold() == config.schema_.casefold():
-                schema = config.schema_
-            place: tuple[str, str | None] = (schema, catalog)
-            here: tuple[str, str | None] = (config.schema_, config.catalog)
-        else:
-            table, found = parse_postgresql(address)
-            own_schema = config.schema_ if config.type == "postgresql" else "main"
-            place, here = (found or own_schema, None), (own_schema, None)
-            if config.type == "sqlite" and place != here:
-                return None
-        if not table:
-            return None
-        if place == here:
-            return self._dialect, table
-        if place not in self._elsewhere:
-            from bridge.transports.sql.transport import dialect_for
-
-            update: dict[str, object] = {"schema_": place[0]}
-            if config.type == "sqlserver":
-                update["catalog"] = place[1]
-            self._elsewhere[place] = dialect_for(
-                self._dialect.connection_name, config.model_copy(update=update)
-            )
-        return self._elsewhere[place], table
-
     def _publish(self, envelopes: list[Envelope], db: DbConnection) -> MessageRejected | None:
         """Look the subscribers up, then insert every copy in one transaction; a message that
         cannot be published is returned before anything is written."""
@@ -134,7 +98,7 @@ class SqlPublisher:
             topics = tuple(topics_of(envelope.headers))
             addresses = self._subscribers(db, topics, time.monotonic())
             for address, native_id in zip(addresses, new_ids(len(addresses)), strict=True):
-                place = self._table_of(address)
+                place = self._tables.find(address)
                 if place is None:
                     return MessageRejected(
                         f"{where}: subscriber address {address!r} of {topics[0]!r} is not a "

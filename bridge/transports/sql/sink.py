@@ -12,7 +12,9 @@ Guarantees
 Delays
     A message with `deliver_at` still to come is stored as a delayed message in the same
     transaction: a row of the table's delayed table (NServiceBus layout) or an `R` row (NGinn),
-    `bridge.transports.sql.delayed`.
+    `bridge.transports.sql.delayed`. One due more than `MAX_DELAY_SECONDS` (2^31-1 s) on, or
+    with a time to be received, raises `MessageRejected` with its index before anything is
+    written.
 
 Staged sends
     A send of `STAGE_FROM` rows or more goes through the dialect's send stage where it has one
@@ -41,9 +43,10 @@ from functools import partial
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError
-from bridge.nservicebus.delays import DELAY_WITH_TTL
+from bridge.nservicebus.delays import DELAY_WITH_TTL, too_long
 from bridge.protocols import Checkpoint, FencedCheckpoint
 from bridge.transports.sql.checkpoints import Checkpoints
+from bridge.transports.sql.config import MAX_DELAY_SECONDS
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.delayed import store_params
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
@@ -136,9 +139,13 @@ class SqlSink:
             try:
                 due = envelope.deliver_at
                 if due is not None and due > now:
+                    where = f"{self._dialect.describe()}: table {self._address!r}"
                     if envelope.expires_at is not None:
-                        where = f"{self._dialect.describe()}: table {self._address!r}"
                         return MessageRejected(f"{where}: {DELAY_WITH_TTL}", index=index)
+                    assert MAX_DELAY_SECONDS is not None
+                    longer = too_long(envelope, now, MAX_DELAY_SECONDS, where, index)
+                    if longer is not None:
+                        return longer
                     due_ms = round((due - now) * 1000)
                     delayed.append(store_params(self._dialect, envelope, due_ms, address, now))
                     continue
