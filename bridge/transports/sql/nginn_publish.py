@@ -39,22 +39,19 @@ from functools import partial
 
 from bridge.envelope import Envelope
 from bridge.errors import ConfigError, HeadersFormatError, MessageRejected
-from bridge.nservicebus.delays import refuse_delays
 from bridge.nservicebus.events import published, topics_of
-from bridge.protocols import Checkpoint
 from bridge.transports.sql.addresses import nginn_table
 from bridge.transports.sql.config import NGINN_ENDPOINT_CHARS, SqlConnection
-from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.nginn_rows import OutgoingNGinnRow
 from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
 from bridge.transports.sql.pool import Pool
-from bridge.transports.sql.publish import CACHE_FOR
+from bridge.transports.sql.publish import Publisher
 
 __all__ = ["NGinnPublisher"]
 
 
-class NGinnPublisher:
+class NGinnPublisher(Publisher):
     """Publishes as NGinn endpoint `endpoint` (see the module docstring)."""
 
     def __init__(
@@ -73,26 +70,14 @@ class NGinnPublisher:
                 f"{dialect.describe()}: NGinn publisher endpoint {endpoint!r} is longer than "
                 f"NGinn's from_endpoint column ({NGINN_ENDPOINT_CHARS} characters)"
             )
-        self._dialect = dialect
+        super().__init__(dialect, pool)
         self._config = config
         self._options = options
         self._endpoint = endpoint
         self._event = event
-        self._connection = Connection(dialect, pool=pool)
         self._table = NGinnSubscriptionTable(dialect, options.subscriptions, self._connection)
-        self._cache: dict[tuple[str, ...], tuple[float, list[str]]] = {}
         self._seed = uuid.uuid4().hex
         self._counter = itertools.count(1)
-
-    async def send(
-        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
-    ) -> None:
-        if not envelopes:
-            return
-        refuse_delays(envelopes, time.time(), f"{self._dialect.describe()}: publish")
-        rejected = await self._connection.run(partial(self._publish, list(envelopes)))
-        if rejected is not None:
-            raise rejected
 
     def message_types(self, envelope: Envelope) -> tuple[str, ...]:
         """The NGinn names `envelope`'s subscribers are looked up by, most derived first."""
@@ -100,12 +85,9 @@ class NGinnPublisher:
         return tuple(dict.fromkeys(names))
 
     def _subscribers(self, db: DbConnection, types: tuple[str, ...], now: float) -> list[str]:
-        cached = self._cache.get(types)
-        if cached is not None and now - cached[0] < CACHE_FOR:
-            return cached[1]
-        found = self._table.subscribers(db, self._endpoint, types)
-        self._cache[types] = (now, found)
-        return found
+        return self._looked_up(
+            types, now, partial(self._table.subscribers, db, self._endpoint, types)
+        )
 
     def _unique_id(self) -> str:
         return f"{self._seed}{next(self._counter)}"
@@ -161,6 +143,3 @@ class NGinnPublisher:
                 cursor.executemany(self._dialect.send_statement(db, table), inserted)
             db.commit()
         return None
-
-    async def close(self) -> None:
-        await self._connection.close()

@@ -35,6 +35,7 @@ from typing import Any
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.nginn_sql import SQLITE_LOCAL
+from bridge.transports.sql.subscriptions import OwnConnectionTable
 
 __all__ = [
     "NGinnSubscriptionRow",
@@ -181,18 +182,16 @@ def statements(dialect: Dialect, name: str) -> NGinnSubscriptionStatements:
     return _portable(dialect, name, zone)
 
 
-class NGinnSubscriptionTable:
+class NGinnSubscriptionTable(OwnConnectionTable):
     """One connection's NGinn subscription table, run on a connection of its own (or the
     caller's transaction: `subscribers`)."""
 
     def __init__(self, dialect: Dialect, name: str, connection: Connection | None = None) -> None:
-        self.dialect = dialect
-        self.name = name
+        super().__init__(dialect, name, connection)
         self.statements = statements(dialect, name)
-        self._connection = connection or Connection(dialect)
 
     async def create(self) -> None:
-        await self._connection.run(self._create)
+        await self._connection.run(partial(self._execute, self.statements.create, ()))
 
     async def subscribe(self, publisher: str, subscriber: str, message_type: str) -> None:
         """NGinn's Subscribe with no expiration: the row's `expiration_date` set to NULL, or a
@@ -201,16 +200,10 @@ class NGinnSubscriptionTable:
 
     async def unsubscribe(self, publisher: str, subscriber: str, message_type: str) -> None:
         params = (publisher, subscriber, message_type)
-        await self._connection.run(partial(self._write, self.statements.delete, params))
+        await self._connection.run(partial(self._execute, self.statements.delete, params))
 
     async def rows(self) -> list[NGinnSubscriptionRow]:
         return await self._connection.run(self._rows)
-
-    async def exists(self) -> bool:
-        return await self._connection.run(self._exists)
-
-    async def close(self) -> None:
-        await self._connection.close()
 
     def subscribers(
         self, db: DbConnection, publisher: str, message_types: Sequence[str]
@@ -222,9 +215,6 @@ class NGinnSubscriptionTable:
         cursor.execute(statement, [publisher, *message_types])
         return sorted(str(row[0]) for row in self.dialect.fetch(cursor))
 
-    def _create(self, db: DbConnection) -> None:
-        self._write(self.statements.create, (), db)
-
     def _subscribe(self, pub: str, sub: str, mtype: str, db: DbConnection) -> None:
         values: dict[str, str | None] = {"pub": pub, "sub": sub, "mtype": mtype, "expiration": None}
         self.dialect.begin(db)
@@ -232,15 +222,6 @@ class NGinnSubscriptionTable:
         cursor.execute(self.statements.update, [values[k] for k in self.statements.update_order])
         if cursor.rowcount == 0:
             cursor.execute(self.statements.insert, [pub, sub, mtype, None])
-        db.commit()
-
-    def _write(self, statement: str, params: Sequence[str], db: DbConnection) -> None:
-        self.dialect.begin(db)
-        cursor = db.cursor()
-        if params:
-            cursor.execute(statement, list(params))
-        else:
-            cursor.execute(statement)
         db.commit()
 
     def _rows(self, db: DbConnection) -> list[NGinnSubscriptionRow]:
@@ -251,11 +232,5 @@ class NGinnSubscriptionTable:
                 (str(p), str(s), str(m), created, expires)
                 for p, s, m, created, expires in self.dialect.fetch(cursor)
             ]
-        finally:
-            db.rollback()
-
-    def _exists(self, db: DbConnection) -> bool:
-        try:
-            return self.dialect.table_exists(db, self.name)
         finally:
             db.rollback()

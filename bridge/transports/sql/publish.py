@@ -29,7 +29,7 @@ What is lossy
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from bridge.envelope import Envelope
@@ -45,27 +45,20 @@ from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.reach import QueueTables
 from bridge.transports.sql.subscriptions import SubscriptionTable
 
-__all__ = ["CACHE_FOR", "SqlPublisher"]
+__all__ = ["CACHE_FOR", "Publisher", "SqlPublisher"]
 
 #: Seconds a subscriber lookup is reused.
 CACHE_FOR = 5.0
 
 
-class SqlPublisher:
-    def __init__(
-        self,
-        dialect: Dialect,
-        config: SqlConnection,
-        pool: Pool | None = None,
-        event: str | None = None,
-    ) -> None:
+class Publisher:
+    """What every SQL publisher does around its own `_publish`: refuse a delayed event, run the
+    publish on the connection, keep subscriber lookups `CACHE_FOR` seconds."""
+
+    def __init__(self, dialect: Dialect, pool: Pool | None) -> None:
         self._dialect = dialect
-        self._event = event
-        self._config = config
         self._connection = Connection(dialect, pool=pool)
-        self._table = SubscriptionTable(dialect, config.subscription_table, self._connection)
         self._cache: dict[tuple[str, ...], tuple[float, list[str]]] = {}
-        self._tables = QueueTables(dialect, config)
 
     async def send(
         self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
@@ -78,13 +71,41 @@ class SqlPublisher:
         if rejected is not None:
             raise rejected
 
-    def _subscribers(self, db: DbConnection, topics: tuple[str, ...], now: float) -> list[str]:
+    def _publish(self, envelopes: list[Envelope], db: DbConnection) -> MessageRejected | None:
+        raise NotImplementedError
+
+    def _looked_up(
+        self, topics: tuple[str, ...], now: float, look: Callable[[], list[str]]
+    ) -> list[str]:
+        """The subscribers of `topics`: `look`'s answer, or the one kept from less than
+        `CACHE_FOR` seconds before `now` (a monotonic clock)."""
         cached = self._cache.get(topics)
         if cached is not None and now - cached[0] < CACHE_FOR:
             return cached[1]
-        found = self._table.subscribers(db, topics)
+        found = look()
         self._cache[topics] = (now, found)
         return found
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+
+class SqlPublisher(Publisher):
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: SqlConnection,
+        pool: Pool | None = None,
+        event: str | None = None,
+    ) -> None:
+        super().__init__(dialect, pool)
+        self._event = event
+        self._config = config
+        self._table = SubscriptionTable(dialect, config.subscription_table, self._connection)
+        self._tables = QueueTables(dialect, config)
+
+    def _subscribers(self, db: DbConnection, topics: tuple[str, ...], now: float) -> list[str]:
+        return self._looked_up(topics, now, partial(self._table.subscribers, db, topics))
 
     def _publish(self, envelopes: list[Envelope], db: DbConnection) -> MessageRejected | None:
         """Look the subscribers up, then insert every copy in one transaction; a message that
@@ -118,6 +139,3 @@ class SqlPublisher:
                 cursor.executemany(dialect.send_statement(db, name), inserted)
             db.commit()
         return None
-
-    async def close(self) -> None:
-        await self._connection.close()

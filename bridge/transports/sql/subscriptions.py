@@ -31,7 +31,13 @@ from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects import tsql
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 
-__all__ = ["Row", "SubscriptionStatements", "SubscriptionTable", "statements"]
+__all__ = [
+    "OwnConnectionTable",
+    "Row",
+    "SubscriptionStatements",
+    "SubscriptionTable",
+    "statements",
+]
 
 #: (QueueAddress, Endpoint, Topic)
 Row = tuple[str, str, str]
@@ -165,14 +171,44 @@ def statements(dialect: Dialect, name: str) -> SubscriptionStatements:
     return _standard(dialect.param_safe(table), dialect.placeholder, dialect.kind == "postgresql")
 
 
-class SubscriptionTable:
+class OwnConnectionTable:
+    """A table run on a connection of its own (or a publisher's): what every subscription
+    table does besides its own statements."""
+
+    def __init__(self, dialect: Dialect, name: str, connection: Connection | None) -> None:
+        self.dialect = dialect
+        self.name = name
+        self._connection = connection or Connection(dialect)
+
+    async def exists(self) -> bool:
+        return await self._connection.run(self._exists)
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    def _execute(self, statement: str, params: Sequence[object], db: DbConnection) -> None:
+        """`statement` in a transaction of its own."""
+        self.dialect.begin(db)
+        cursor = db.cursor()
+        if params:
+            cursor.execute(statement, list(params))
+        else:
+            cursor.execute(statement)
+        db.commit()
+
+    def _exists(self, db: DbConnection) -> bool:
+        try:
+            return self.dialect.table_exists(db, self.name)
+        finally:
+            db.rollback()
+
+
+class SubscriptionTable(OwnConnectionTable):
     """One connection's subscription table, run on a connection of its own."""
 
     def __init__(self, dialect: Dialect, name: str, connection: Connection | None = None) -> None:
-        self.dialect = dialect
-        self.name = name
+        super().__init__(dialect, name, connection)
         self.statements = statements(dialect, name)
-        self._connection = connection or Connection(dialect)
 
     async def create(self) -> None:
         await self._connection.run(partial(self._execute, self.statements.create, ()))
@@ -189,37 +225,16 @@ class SubscriptionTable:
     async def rows(self) -> list[Row]:
         return await self._connection.run(self._rows)
 
-    async def exists(self) -> bool:
-        return await self._connection.run(self._exists)
-
-    async def close(self) -> None:
-        await self._connection.close()
-
     def subscribers(self, db: DbConnection, topics: Sequence[str]) -> list[str]:
         """The addresses subscribed to any of `topics`, in the caller's transaction."""
         cursor = db.cursor()
         cursor.execute(self.statements.subscribers(len(topics)), list(topics))
         return [str(row[0]) for row in self.dialect.fetch(cursor)]
 
-    def _execute(self, statement: str, params: Sequence[str], db: DbConnection) -> None:
-        self.dialect.begin(db)
-        cursor = db.cursor()
-        if params:
-            cursor.execute(statement, list(params))
-        else:
-            cursor.execute(statement)
-        db.commit()
-
     def _rows(self, db: DbConnection) -> list[Row]:
         try:
             cursor = db.cursor()
             cursor.execute(self.statements.rows)
             return [(str(a), str(e), str(t)) for a, e, t in self.dialect.fetch(cursor)]
-        finally:
-            db.rollback()
-
-    def _exists(self, db: DbConnection) -> bool:
-        try:
-            return self.dialect.table_exists(db, self.name)
         finally:
             db.rollback()
