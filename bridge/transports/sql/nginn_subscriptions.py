@@ -34,7 +34,7 @@ from typing import Any
 
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
-from bridge.transports.sql.layouts.nginn_sql import SQLITE_LOCAL
+from bridge.transports.sql.layouts.nginn_sql import local_now
 from bridge.transports.sql.subscriptions import OwnConnectionTable
 
 __all__ = [
@@ -134,12 +134,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnSubscriptionStatements:
     t = d.table(name)
     tp = d.param_safe(t)
     p = d.placeholder
-    literal = zone.replace("'", "''")  # an IANA name (checked by the config), quoted anyway
-    now = (
-        f"(now() AT TIME ZONE '{literal}')"
-        if pg
-        else f"{SQLITE_LOCAL}(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
-    )
+    now = local_now(d, zone)
     time = "timestamp" if pg else "datetime"
     create = (
         f"CREATE TABLE IF NOT EXISTS {t} (\n"

@@ -92,6 +92,15 @@ class NGinnStatements:
     scheduled: str
 
 
+def local_now(d: Dialect, zone: str) -> str:
+    """The expression of the database clock's local time in `zone` (NGinn's `getdate()`), on
+    PostgreSQL and SQLite."""
+    if d.kind == "postgresql":
+        literal = zone.replace("'", "''")  # an IANA name (checked by the config), quoted anyway
+        return f"(now() AT TIME ZONE '{literal}')"
+    return f"{SQLITE_LOCAL}(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+
+
 def statements(dialect: Dialect, name: str, zone: str) -> NGinnStatements:
     if dialect.kind == "sqlserver":
         return _sqlserver(dialect, name)
@@ -104,12 +113,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
     t = d.table(name)
     tp = d.param_safe(t)
     p = d.placeholder
-    literal = zone.replace("'", "''")  # an IANA name (checked by the config), quoted anyway
-    now = (
-        f"(now() AT TIME ZONE '{literal}')"
-        if pg
-        else f"{SQLITE_LOCAL}(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
-    )
+    now = local_now(d, zone)
     lock = " FOR UPDATE SKIP LOCKED" if pg else ""
     mine = f"subqueue = 'I' AND lower(to_endpoint) = lower({p})"
     others = f"subqueue = 'I' AND lower(to_endpoint) <> lower({p})"
@@ -136,6 +140,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
         )
         # The delay is added to the UTC clock, then made local: across a daylight saving
         # change a local time plus the delay would be up to an hour early or late.
+        literal = zone.replace("'", "''")  # an IANA name (checked by the config), quoted anyway
         due = f"((now() + {p} * INTERVAL '1 millisecond') AT TIME ZONE '{literal}')"
         next_due = f"EXTRACT(EPOCH FROM min(retry_time) - {now})"
         age = f"EXTRACT(EPOCH FROM {now} - min(insert_time))"
