@@ -130,3 +130,44 @@ async def test_a_subscriber_in_another_database_is_refused_with_its_index(
     finally:
         await sink.close()
         await transport.close()
+
+
+def nservicebus_event(message_id: str) -> Envelope:
+    """A derived event as an NServiceBus publisher sends it: EnclosedMessageTypes most derived
+    first, the base after, and no `$type` in the body (NServiceBus's serializers write none)."""
+    headers = Headers(
+        [
+            ("NServiceBus.MessageId", message_id),
+            ("NServiceBus.MessageIntent", "Publish"),
+            ("NServiceBus.EnclosedMessageTypes", f"{DERIVED}, Sales;{BASE}, Sales"),
+        ]
+    )
+    return Envelope(headers, json.dumps({"OrderId": 1}).encode())
+
+
+async def test_a_derived_event_reaches_an_nginn_subscriber_of_its_mapped_base(
+    place: dict[str, Any],
+) -> None:
+    """Only the base is in `nginn.types`, which is how the subscription row got NGinn's name:
+    the lookup finds the subscriber by the base, and the row is typed as the base NGinn knows
+    (not the whole event refused to the error queue)."""
+    transport = transport_of(place)
+    books = unique("Books")
+    await transport.install([books])
+    table = NGinnSubscriptionTable(transport.dialect, TABLE)
+    try:
+        await table.create()
+        await table.subscribe("sql://db/Sales", f"sql://db/{books}", "Lg.Base")
+    finally:
+        await table.close()
+    sink = NGinnPublisher(transport.dialect, transport.config, "sql://db/Sales", transport.pool)
+    try:
+        await sink.send([nservicebus_event("e-3")])
+    finally:
+        await sink.close()
+        await transport.close()
+    where = place.get("path") or f"{place['dsn']}|{place['schema']}"
+    received = NGinn(place["type"], where, books, "Europe/Warsaw").receive()
+    assert received is not None and received.unique_id == "e-3"
+    body = json.loads(received.body)
+    assert next(iter(body.items())) == ("$type", "Lg.Base, Lg") and body["OrderId"] == 1

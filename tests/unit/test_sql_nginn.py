@@ -8,6 +8,7 @@ statements run against real PostgreSQL and SQLite in tests/integration/test_sql_
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -385,6 +386,29 @@ def test_the_body_gets_the_mapped_type_first_and_keeps_its_own_where_none_is_map
     )
     first = next(iter(json.loads(outgoing(SENT, late).msg_text).items()))
     assert first == ("$type", "Sales.Messages.OrderPlaced, Sales.Messages")
+
+
+def test_a_derived_type_goes_as_its_first_mapped_base_where_it_is_not_mapped() -> None:
+    """`NServiceBus.EnclosedMessageTypes` lists the most derived type first; where only a base
+    is in `nginn.types`, the row is typed as that base (NServiceBus bodies carry no `$type`),
+    the class an NGinn subscriber of the base loads; refused only where none is mapped."""
+    derived = [
+        ("NServiceBus.EnclosedMessageTypes", "Sales.Express, Sales;Sales.OrderPlaced, Sales"),
+    ]
+    row = outgoing(derived, b'{"OrderId": 7}')
+    assert row.msg_text == '{"$type":"Sales.Messages.OrderPlaced, Sales.Messages","OrderId": 7}'
+    assert row.label == "Sales.Express"  # the label stays the message's own type
+    # a body's own $type (a row NGinn wrote names its exact class) outranks a base's entry
+    own = b'{"$type": "Lg.Express, Lg", "OrderId": 7}'
+    assert json.loads(outgoing(derived, own).msg_text)["$type"] == "Lg.Express, Lg"
+    # and the message's own type's entry outranks both
+    mapped = [("NServiceBus.EnclosedMessageTypes", "Sales.OrderPlaced, Sales;Other.Base, X")]
+    assert json.loads(outgoing(mapped, own).msg_text)["$type"] == (
+        "Sales.Messages.OrderPlaced, Sales.Messages"
+    )
+    unmapped = [("NServiceBus.EnclosedMessageTypes", "Sales.Express, Sales;Other.Base, X")]
+    with pytest.raises(HeadersFormatError, match=re.escape("'Sales.Express', 'Other.Base'")):
+        outgoing(unmapped)
 
 
 def test_the_left_out_count_is_right_when_every_header_is_left_out() -> None:

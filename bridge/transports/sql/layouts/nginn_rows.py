@@ -322,9 +322,10 @@ class RowMapping:
                 f"NServiceBus.CorrelationId is longer than NGinn's correlation_id "
                 f"({CORRELATION_CHARS} characters)"
             )
-        type_name = _first_type(headers.get(ENCLOSED_TYPES))
+        enclosed = _enclosed_names(headers.get(ENCLOSED_TYPES))
+        type_name = enclosed[0] if enclosed else None
         copy = FAILED_Q in headers
-        text = self._body(envelope.body, type_name, copy)
+        text = self._body(envelope.body, enclosed, copy)
         # what a row says of itself is the new row's, except on an error-queue copy, where it
         # names the row that failed
         own = {LEFT_OUT} if copy else _OWN
@@ -357,12 +358,16 @@ class RowMapping:
             unique_id=unique_id,
         )
 
-    def _body(self, body: bytes, type_name: str | None, copy: bool) -> str:
+    def _body(self, body: bytes, enclosed: Sequence[str], copy: bool) -> str:
         """The body as NGinn reads it: UTF-8 JSON with `"$type"` its first property, which is
         where Json.NET, with the default MetadataPropertyHandling NGinn leaves it at, looks for
-        it. The `$type` is the type map's for the message's enclosed type where it has one
-        (NServiceBus's own `$type`, an assembly-qualified name NGinn's process cannot load, is
-        replaced), else the body's own, moved first. The other members are kept as written.
+        it. The `$type` is, in this order: the type map's entry of the message's own (first
+        enclosed) type (NServiceBus's own `$type`, an assembly-qualified name NGinn's process
+        cannot load, is replaced); the body's own, moved first (a row NGinn wrote names the
+        exact class, which a base's entry would narrow); the entry of the first of its other
+        enclosed types (most derived first) that has one: a derived event whose base alone is
+        mapped goes as the base, the class an NGinn subscriber of the base can load, as
+        NServiceBus bodies carry no `$type`. The other members are kept as written.
         An error-queue copy is written as it is (it is not for a handler). A UTF-8 byte order
         mark, which NServiceBus's JSON serializers write, is not kept: NGinn reads `msg_text`
         as a string, and JSON has none."""
@@ -378,11 +383,14 @@ class RowMapping:
         if not isinstance(parsed, dict):
             raise HeadersFormatError("the body is not a JSON object, which NGinn needs")
         own = parsed.get("$type")
-        nginn_type = self.types.get(type_name or "") or (own if isinstance(own, str) else None)
+        mapped = [self.types[name] for name in enclosed if name in self.types]
+        exact = self.types.get(enclosed[0]) if enclosed else None
+        nginn_type = exact or (own if isinstance(own, str) else None) or next(iter(mapped), None)
         if nginn_type is None:
+            named = ", ".join(repr(name) for name in enclosed) or "none"
             raise HeadersFormatError(
-                f"no `nginn.types` entry for message type {type_name!r}: NGinn dispatches on "
-                "the body's $type"
+                f"no `nginn.types` entry for any of the message's types ({named}) and no $type "
+                "in its body: NGinn dispatches on the body's $type"
             )
         if "$type" not in parsed:
             return _with_type(text, nginn_type)
@@ -422,11 +430,15 @@ def _expired(headers: bytes | str | None, db_now: datetime) -> bool:
         return False
 
 
-def _first_type(enclosed: str | None) -> str | None:
-    """The full name of the first enclosed type (`Ns.Type, Asm, Version=...;...` -> `Ns.Type`)."""
-    if not enclosed:
-        return None
-    return enclosed.split(";", 1)[0].split(",", 1)[0].strip() or None
+def _enclosed_names(enclosed: str | None) -> list[str]:
+    """The full names of the enclosed types, most derived first (`Ns.Type, Asm,
+    Version=...;Ns.Base, Asm` -> `Ns.Type`, `Ns.Base`)."""
+    names: list[str] = []
+    for entry in (enclosed or "").split(";"):
+        name = entry.split(",", 1)[0].strip()
+        if name and name not in names:
+            names.append(name)
+    return names
 
 
 def _with_type(text: str, nginn_type: str) -> str:
