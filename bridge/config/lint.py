@@ -417,6 +417,9 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                 where,
             )
         _nginn_subscription(s, pubsub, where)
+        _nginn_typed(
+            config, registry, s, at.at(("endpoints", s.endpoint, "subscribes", i, "event"))
+        )
         if s.kind == "home" and config.connections[s.connection].type == "kafka":
             topic = pubsub.topic(s.event)
             raise ConfigError(
@@ -478,6 +481,29 @@ def _nginn_subscription(s: Subscribed, pubsub: PubSub, where: str) -> None:
     if s.kind == "home":
         what = f"publisher endpoint of {s.publisher!r} (from_endpoint of what it publishes)"
         _nginn_width(publisher, NGINN_ENDPOINT_CHARS, what, where)
+
+
+def _nginn_typed(config: BridgeConfig, registry: Registry, s: Subscribed, where: str) -> None:
+    """An event the bridge writes onto a subscriber's NGinn tables (through its proxy, or
+    published there from Kafka) has a `nginn.types` entry: NGinn dispatches on the body's
+    `$type` (nginn.md), NServiceBus bodies carry none, so the row mapping refuses every such
+    event at run time (`nginn_rows.RowMapping.outgoing`). An event whose publisher is on NGinn
+    tables too comes with NGinn's own `$type`."""
+    home = registry.home(s.endpoint)
+    model = config.connections[home]
+    options = getattr(model, "nginn", None)
+    if options is None or getattr(model, "layout", None) != "nginn" or s.event in options.types:
+        return
+    source = registry.home(s.publisher)
+    if getattr(config.connections[source], "layout", None) == "nginn":
+        return
+    raise ConfigError(
+        f"endpoint {s.endpoint!r} on NGinn tables ({home!r}) subscribes to {s.event!r}, which "
+        f"{s.publisher!r} publishes on {source!r}: its NServiceBus body carries no `$type`, "
+        "which NGinn dispatches on, so every such event would go to the error queue; map it "
+        f"under `connections.{home}.nginn.types` ({s.event}: 'Ns.Type, Assembly')",
+        where,
+    )
 
 
 def _event_topic_is_no_queue(

@@ -457,7 +457,10 @@ def test_pub_sub_across_nginn_tables_is_rows_of_nginns_subscription_table() -> N
     create_subscribertable.sqlserver.sql; Impl/SqlSubscriptionService.cs:104-134), endpoints
     `sql://<alias>/<table>`, the type NGinn's name (`nginn.types`, before the comma)."""
     config = config_of(
-        NGINN.replace("timezone: UTC}", "timezone: UTC, types: {L.Placed: 'Lg.Placed, Lg'}}")
+        NGINN.replace(
+            "timezone: UTC}",
+            "timezone: UTC, types: {L.Placed: 'Lg.Placed, Lg', I.Stock: 'I.Stock, Inv'}}",
+        )
         + "  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
         + "  Books: {connection: ng, subscribes: [{event: I.Stock, publisher: Inventory}]}\n"
         + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
@@ -519,3 +522,28 @@ async def test_unsubscribing_a_kafka_subscriber_keeps_the_nginn_row_others_share
     )
     said = await change(config, "Audit", "L.Placed", subscribe=False)  # connects to nothing
     assert said.startswith("ng: kept the NGinn subscription of L.Placed to 'Stats'"), said
+
+
+def test_an_nginn_subscriber_of_an_event_without_an_nginn_type_is_refused() -> None:
+    """NGinn dispatches on the body's `$type` (nginn.md); NServiceBus bodies carry none, so an
+    event the bridge writes onto NGinn tables needs a `nginn.types` entry, else the row mapping
+    refuses every one at run time: published there from Kafka (`home`, the
+    `publish.<conn>.<topic>` route) or forwarded by the subscriber's proxy (`proxy`)."""
+    kafka = "  Books: {connection: ng, subscribes: [{event: I.Stock, publisher: Inventory}]}\n"
+    error = error_of(NGINN + kafka)
+    assert error.startswith("routes.yaml:9:48:"), error
+    assert "'Books' on NGinn tables ('ng') subscribes to 'I.Stock'" in error, error
+    assert "connections.ng.nginn.types" in error, error
+    rabbit = "  Books: {connection: ng, subscribes: [{event: W.Moved, publisher: Warehouse}]}\n"
+    error = error_of(NGINN + rabbit)
+    assert error.startswith("routes.yaml:9:48:") and "'W.Moved'" in error, error
+    mapped = "timezone: UTC, types: {I.Stock: 'Lg.Stock, Lg', W.Moved: 'Lg.Moved, Lg'}}"
+    config_of(NGINN.replace("timezone: UTC}", mapped) + kafka)
+    config_of(NGINN.replace("timezone: UTC}", mapped) + rabbit)
+    # an NGinn publisher's rows carry NGinn's own $type: nothing to map
+    other = "  ng2: {type: sqlite, path: /tmp/ng2.db, layout: nginn, nginn: {alias: ng2, "
+    other += "timezone: UTC}}\n"
+    text = NGINN.replace("endpoints:\n", other + "endpoints:\n") + (
+        "  Old: {connection: ng2, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+    )
+    config_of(text)
