@@ -19,6 +19,7 @@ are made here too, so the supervisor asks one place how a derived route's events
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bridge.config.models import BridgeConfig
@@ -307,12 +308,13 @@ def publisher(
     *,
     endpoint: str | None = None,
     queue: str | None = None,
+    on_skipped: Callable[[str, str], None] | None = None,
 ) -> Sink:
     """The sink that publishes events on `connection` as NServiceBus publishers do; a message
     that names no type is taken to be an `event` (its route's: `EventRoute.event`). On NGinn
     tables it publishes as an NGinn endpoint: registered publisher `endpoint`'s there (its
     proxy, for an event published on Kafka), else the table `queue` (a written route's
-    `to.queue`)."""
+    `to.queue`); `on_skipped` is told of each copy it does not write (`NGinnPublisher`)."""
     kind = config.connections[connection].type
     if kind in SQL:
         from bridge.transports.sql.publish import SqlPublisher
@@ -332,7 +334,9 @@ def publisher(
                     f"publishing on {connection!r} (NGinn tables) needs the publisher's table: "
                     "`to.queue`"
                 )
-            return NGinnPublisher(transport.dialect, transport.config, as_, transport.pool, event)
+            return NGinnPublisher(
+                transport.dialect, transport.config, as_, transport.pool, event, on_skipped
+            )
         return SqlPublisher(transport.dialect, transport.config, transport.pool, event)
     if kind == "rabbitmq":
         from bridge.transports.rabbitmq.events import RabbitMQPublisher

@@ -94,6 +94,7 @@ class Supervisor:
         source_transport = self._transport(route.from_.connection)
         sink_transport = self._transport(route.to.connection)
         config = self.config
+        metrics = self.metrics.for_route(route.name, f"{route.to.connection}/{route.to.address}")
 
         def endpoints() -> tuple[Source, Sink]:
             if route.publish:  # each message is published (an event route's: read from Kafka)
@@ -109,10 +110,15 @@ class Supervisor:
                         route.to.connection,
                         route.event,
                         endpoint=route.endpoint,
+                        on_skipped=metrics.nginn_skipped,
                     )
                 else:  # as the table it names (on NGinn tables)
                     sink = publisher(
-                        config, sink_transport, route.to.connection, queue=route.to.queue
+                        config,
+                        sink_transport,
+                        route.to.connection,
+                        queue=route.to.queue,
+                        on_skipped=metrics.nginn_skipped,
                     )
                 return source, sink
             source, sink = plain()
@@ -148,7 +154,7 @@ class Supervisor:
             endpoints,
             poll_timeout=self.poll_timeout,
             stop_on_fatal=self.until_idle is not None,
-            metrics=self.metrics.for_route(route.name, f"{route.to.connection}/{route.to.address}"),
+            metrics=metrics,
             probe=self._probe(route),
             rules=RouteRules(route, self.registry),
             keeps_failed=self.config.error_queue_of(route) is None,

@@ -12,6 +12,10 @@ prometheus_client registry that `/metrics` renders. Instruments (all with a `rou
   with an `event` attribute too: the most derived type the event carries
 - `bridge_control_messages_dropped_total` (Subscribe/Unsubscribe control messages a proxy's
   route dropped, as the Messaging Bridge drops them)
+- `bridge_nginn_copies_skipped_total` (copies of events published onto NGinn tables that were
+  not written: a subscriber row names an endpoint of another database, `reason="other_database"`,
+  or the publisher itself, `reason="publisher"`; `nginn_publish.py`), with `subscriber` and
+  `reason` attributes too
 - `bridge_batch_size` and `bridge_batch_duration_seconds` histograms (buckets from 1 ms up to
   an hour: a drained backlog is minutes old)
 - `bridge_end_to_end_latency_seconds` from `NServiceBus.TimeSent` to the destination's accept,
@@ -86,6 +90,12 @@ class Metrics:
             "bridge_control_messages_dropped",
             unit="1",
             description="Subscribe/Unsubscribe control messages a proxy's route dropped",
+        )
+        self.nginn_skipped = meter.create_counter(
+            "bridge_nginn_copies_skipped",
+            unit="1",
+            description="Copies of events published onto NGinn tables not written, by "
+            "subscriber endpoint and reason (other_database, publisher)",
         )
         self.batch_size = meter.create_histogram(
             "bridge_batch_size", unit="1", description="Messages per received batch"
@@ -212,6 +222,10 @@ class RouteMetrics:
 
     def control_dropped(self, count: int) -> None:
         self._m.control_dropped.add(count, self._attrs)
+
+    def nginn_skipped(self, subscriber: str, reason: str) -> None:
+        """A copy of an event published onto NGinn tables that was not written."""
+        self._m.nginn_skipped.add(1, {**self._attrs, "subscriber": subscriber, "reason": reason})
 
     def retried(self, messages: int) -> None:
         """A failed attempt; `messages` were in hand and go back to the source."""

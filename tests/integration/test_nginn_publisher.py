@@ -13,15 +13,18 @@ NGinn facts pinned here (lafar6502/nginn-messagebus @1fa4baf, `NGinnBPM.MessageB
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import TypeAdapter
 
 from bridge.envelope import Envelope, Headers
-from bridge.errors import MessageRejected
+from bridge.telemetry.metrics import Metrics
 from bridge.transports.sql.config import SqlConnection
 from bridge.transports.sql.nginn_publish import NGinnPublisher
 from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
@@ -112,24 +115,64 @@ async def test_publishes_one_row_per_subscriber_of_the_class_chain(place: dict[s
     )
 
 
-async def test_a_subscriber_in_another_database_is_refused_with_its_index(
-    place: dict[str, Any],
+async def test_unreachable_subscribers_are_skipped_counted_and_logged_once(
+    place: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A subscriber endpoint of another alias (another database: NGinn forwards there, the
+    bridge does not) and the publisher itself (NGinn's `local`, which NGinn maps to the
+    publishing endpoint, MessageBus.cs:274, or its endpoint by name) get no copy; every other
+    subscriber gets its copy, and each skipped copy is counted and each endpoint logged once."""
     transport = transport_of(place)
+    billing, pub = unique("Billing"), "sql://db/Sales"
+    await transport.install([billing, "Sales"])
     table = NGinnSubscriptionTable(transport.dialect, TABLE)
     try:
         await table.create()
-        await table.subscribe("sql://db/Sales", "sql://elsewhere/Billing", "Lg.Base")
+        for subscriber in ("sql://elsewhere/Billing", "local", pub, f"sql://DB/{billing}"):
+            await table.subscribe(pub, subscriber, "Lg.Base")
     finally:
         await table.close()
-    sink = NGinnPublisher(transport.dialect, transport.config, "sql://db/Sales", transport.pool)
+    reader = InMemoryMetricReader()
+    route = Metrics(MeterProvider(metric_readers=[reader])).for_route("r")
+    sink = NGinnPublisher(
+        transport.dialect, transport.config, pub, transport.pool, on_skipped=route.nginn_skipped
+    )
     try:
-        with pytest.raises(MessageRejected) as caught:
-            await sink.send([event("e-2")])
-        assert caught.value.index == 0 and "sql://elsewhere/Billing" in str(caught.value)
+        with caplog.at_level(logging.WARNING, logger="bridge.transports.sql.nginn_publish"):
+            await sink.send([event("e-2"), event("e-3")])
+            await sink.send([event("e-4")])
     finally:
         await sink.close()
         await transport.close()
+    where = place.get("path") or f"{place['dsn']}|{place['schema']}"
+    reader_of = NGinn(place["type"], where, billing, "Europe/Warsaw")
+    got = [reader_of.receive() for _ in range(4)]
+    assert [r.unique_id for r in got if r is not None] == ["e-2", "e-3", "e-4"]
+    assert NGinn(place["type"], where, "Sales", "Europe/Warsaw").receive() is None
+    assert sink.skipped == {
+        ("sql://elsewhere/Billing", "other_database"): 3,
+        ("local", "publisher"): 3,
+        (pub, "publisher"): 3,
+    }
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3, warnings
+    assert sum("'sql://elsewhere/Billing'" in w and "other databases" in w for w in warnings) == 1
+    assert sum("'local'" in w and "publisher itself" in w for w in warnings) == 1
+    data = reader.get_metrics_data()
+    assert data is not None
+    counted = {
+        (p.attributes["subscriber"], p.attributes["reason"]): p.value
+        for r in data.resource_metrics
+        for sm in r.scope_metrics
+        for m in sm.metrics
+        if m.name == "bridge_nginn_copies_skipped"
+        for p in m.data.data_points
+    }
+    assert counted == {
+        ("sql://elsewhere/Billing", "other_database"): 3,
+        ("local", "publisher"): 3,
+        (pub, "publisher"): 3,
+    }
 
 
 def nservicebus_event(message_id: str) -> Envelope:

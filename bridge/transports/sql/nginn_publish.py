@@ -9,7 +9,8 @@ Guarantees
     `event`). NGinn walks the classes of its type (Impl/MessageBus.cs:264-287 of
     lafar6502/nginn-messagebus @1fa4baf) and no interfaces; the names listed here are whatever
     the event lists, so a subscription to an interface an NServiceBus event lists matches too.
-    One `I` row goes to each distinct subscriber endpoint, into that endpoint's table, with
+    One `I` row goes to each distinct subscriber endpoint this connection's tables hold (see
+    What is lossy for the others), into that endpoint's table, with
     `from_endpoint` the publisher's endpoint and `to_endpoint` the subscriber's, as NGinn's
     `NotifyAndDistributeMessages` sends (MessageBus.cs:347-371): the first copy keeps the
     message's `unique_id` (`NServiceBus.MessageId`), each other copy gets a new one in NGinn's
@@ -20,21 +21,31 @@ Guarantees
 
 Failures
     An event with a `deliver_at` still to come raises `MessageRejected` with its index (a
-    publish is not delayed). A subscriber endpoint of another alias (another database; NGinn
-    forwards there, the bridge does not) raises `MessageRejected` naming it, with the index;
-    so does an event no NGinn row can hold (`nginn_rows.outgoing`). Database failures are the
-    connection's (`errors.py`).
+    publish is not delayed); so does an event no NGinn row can hold (`nginn_rows.outgoing`).
+    Database failures are the connection's (`errors.py`).
 
 What is lossy
-    What an NGinn row cannot hold (`nginn_rows`).
+    What an NGinn row cannot hold (`nginn_rows`). Two kinds of subscriber rows get no copy,
+    the others theirs: each skipped copy is counted (`skipped`, and `on_skipped`, which the
+    service turns into the `bridge_nginn_copies_skipped_total` metric) and each such endpoint
+    logged once as a warning:
+    - an endpoint of another alias (another database), which NGinn reaches by forwarding and
+      the bridge does not (`other_database`);
+    - the publisher itself (`publisher`): NGinn's special subscriber `local`, which NGinn maps
+      to the publishing endpoint (MessageBus.cs:274), or that endpoint by name. The bridge is
+      not that endpoint's process but its stand-in: for an event from Kafka the endpoint is the
+      publisher's proxy table, whose route would carry the copy back to the publisher, and no
+      NGinn process's own handlers (`HasHandlerFor`, MessageBus.cs:279-285) are behind it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from bridge.envelope import Envelope
@@ -48,7 +59,15 @@ from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.publish import Publisher
 
-__all__ = ["NGinnPublisher"]
+__all__ = ["LOCAL", "NGinnPublisher", "Skipped"]
+
+log = logging.getLogger(__name__)
+
+#: NGinn's subscriber endpoint meaning the publisher itself (MessageBus.cs:274, any case).
+LOCAL = "local"
+
+#: Told of each copy not written: (subscriber endpoint as its row names it, reason).
+Skipped = Callable[[str, str], None]
 
 
 class NGinnPublisher(Publisher):
@@ -61,6 +80,7 @@ class NGinnPublisher(Publisher):
         endpoint: str,
         pool: Pool | None = None,
         event: str | None = None,
+        on_skipped: Skipped | None = None,
     ) -> None:
         options = config.nginn
         if options is None or config.layout != "nginn":
@@ -78,6 +98,11 @@ class NGinnPublisher(Publisher):
         self._table = NGinnSubscriptionTable(dialect, options.subscriptions, self._connection)
         self._seed = uuid.uuid4().hex
         self._counter = itertools.count(1)
+        self._own_table = nginn_table(config, endpoint)
+        self._on_skipped = on_skipped
+        #: Copies not written so far, by (subscriber endpoint, reason).
+        self.skipped: Counter[tuple[str, str]] = Counter()
+        self._warned: set[str] = set()
 
     def message_types(self, envelope: Envelope) -> tuple[str, ...]:
         """The NGinn names `envelope`'s subscribers are looked up by, most derived first."""
@@ -92,20 +117,52 @@ class NGinnPublisher(Publisher):
     def _unique_id(self) -> str:
         return f"{self._seed}{next(self._counter)}"
 
+    def _reachable(self, subscribers: list[str]) -> list[tuple[str, str]]:
+        """(endpoint, table) of each subscriber that gets a copy; the others are skipped."""
+        out: list[tuple[str, str]] = []
+        for subscriber in subscribers:
+            local = subscriber.casefold() == LOCAL
+            table = self._own_table if local else nginn_table(self._config, subscriber)
+            if table is None:
+                self._skip(subscriber, "other_database")
+            elif table == self._own_table:
+                self._skip(subscriber, "publisher")
+            else:
+                out.append((subscriber, table))
+        return out
+
+    def _skip(self, subscriber: str, reason: str) -> None:
+        self.skipped[subscriber, reason] += 1
+        if self._on_skipped is not None:
+            self._on_skipped(subscriber, reason)
+        if subscriber in self._warned:
+            return
+        self._warned.add(subscriber)
+        if reason == "other_database":
+            why = (
+                f"is not a table of alias {self._options.alias!r} (this connection's database): "
+                "NGinn forwards to other databases, the bridge does not"
+            )
+        else:
+            why = (
+                "is the publisher itself (NGinn's `local`, MessageBus.cs:274): the bridge "
+                "publishes as its stand-in, and a copy there would go back to the publisher"
+            )
+        log.warning(
+            "%s: publish as %s: subscriber endpoint %r %s; it gets no copy of the events "
+            "(logged once, counted in bridge_nginn_copies_skipped_total)",
+            self._dialect.describe(),
+            self._endpoint,
+            subscriber,
+            why,
+        )
+
     def _copies(
         self, envelope: Envelope, subscribers: list[str], now: float, where: str, index: int
     ) -> list[tuple[str, OutgoingNGinnRow]] | MessageRejected:
         layout = self._dialect.layout
         out = []
-        for n, subscriber in enumerate(subscribers):
-            table = nginn_table(self._config, subscriber)
-            if table is None:
-                return MessageRejected(
-                    f"{where}: subscriber endpoint {subscriber!r} is not a table of alias "
-                    f"{self._options.alias!r} (this connection's database); NGinn forwards to "
-                    "other databases, the bridge does not",
-                    index=index,
-                )
+        for n, (subscriber, table) in enumerate(self._reachable(subscribers)):
             try:
                 row: OutgoingNGinnRow = layout.outgoing(envelope, now, address=table)
             except HeadersFormatError as exc:
