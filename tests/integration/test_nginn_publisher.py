@@ -214,3 +214,41 @@ async def test_a_derived_event_reaches_an_nginn_subscriber_of_its_mapped_base(
     assert received is not None and received.unique_id == "e-3"
     body = json.loads(received.body)
     assert next(iter(body.items())) == ("$type", "Lg.Base, Lg") and body["OrderId"] == 1
+
+
+async def test_a_redelivered_event_reaches_every_subscriber_with_the_same_unique_id(
+    place: dict[str, Any],
+) -> None:
+    """After a kill -9 before the source's commit the event is published again by a new
+    process: each subscriber's copy must carry the unique id it had the first time (the first
+    copy the message id, MessageBus.cs:360-361; the others an id of their own, :364-366, here
+    derived from the message id and the subscriber), within NGinn's varchar(40) unique_id."""
+    transport = transport_of(place)
+    names = [unique("A"), unique("B"), unique("C")]
+    await transport.install(names)
+    table = NGinnSubscriptionTable(transport.dialect, TABLE)
+    try:
+        await table.create()
+        for name in names:
+            await table.subscribe("sql://db/Sales", f"sql://db/{name}", "Lg.Base")
+    finally:
+        await table.close()
+    message_id = "m" * 40  # NGinn's widest unique_id
+    for _ in range(2):  # two processes: each publisher its own
+        sink = NGinnPublisher(transport.dialect, transport.config, "sql://db/Sales", transport.pool)
+        try:
+            await sink.send([event(message_id)])
+        finally:
+            await sink.close()
+    await transport.close()
+    where = place.get("path") or f"{place['dsn']}|{place['schema']}"
+    ids: dict[str, list[str | None]] = {}
+    for name in names:
+        reader = NGinn(place["type"], where, name, "Europe/Warsaw")
+        got = [reader.receive(), reader.receive()]
+        ids[name] = [r.unique_id if r is not None else None for r in got]
+    first, *others = (ids[name] for name in sorted(names, key=lambda n: f"sql://db/{n}"))
+    assert first == [message_id, message_id]
+    for pair in others:
+        assert pair[0] is not None and pair[0] == pair[1] and len(pair[0]) <= 40
+    assert len({pair[0] for pair in ids.values()}) == 3  # one id per subscriber

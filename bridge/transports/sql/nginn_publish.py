@@ -13,8 +13,14 @@ Guarantees
     What is lossy for the others), into that endpoint's table, with
     `from_endpoint` the publisher's endpoint and `to_endpoint` the subscriber's, as NGinn's
     `NotifyAndDistributeMessages` sends (MessageBus.cs:347-371): the first copy keeps the
-    message's `unique_id` (`NServiceBus.MessageId`), each other copy gets a new one in NGinn's
-    form (`CreateNewMessageUniqueId`, MessageBus.cs:213-217: a GUID's 32 digits and a counter).
+    message's `unique_id` (`NServiceBus.MessageId`, MessageBus.cs:360-361) and each other copy
+    gets one of its own (:364-366). NGinn makes that one afresh (`CreateNewMessageUniqueId`,
+    MessageBus.cs:213-217: a GUID per process and a counter); the bridge derives it from the
+    message id and the subscriber endpoint (`copy_id`: a name-based UUID's 32 hex digits, within
+    `unique_id`'s 40 characters), so that an event delivered again (after a crash before the
+    source's commit) reaches every subscriber with the unique id it had the first time, and
+    each can recognise it as a duplicate. A message without an id gets NGinn's form for each
+    copy (nothing to derive from).
     Every copy of a `send` in one transaction, which returns only after COMMIT. A lookup is
     kept `CACHE_FOR` seconds, as `SqlPublisher` keeps its own (NGinn keeps its for an hour,
     SqlSubscriptionService.cs:26). An event nobody subscribes to is dropped, as NGinn drops it.
@@ -59,7 +65,7 @@ from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.publish import Publisher
 
-__all__ = ["LOCAL", "NGinnPublisher", "Skipped"]
+__all__ = ["LOCAL", "NGinnPublisher", "Skipped", "copy_id"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,12 @@ LOCAL = "local"
 
 #: Told of each copy not written: (subscriber endpoint as its row names it, reason).
 Skipped = Callable[[str, str], None]
+
+
+def copy_id(message_id: str, subscriber: str) -> str:
+    """The `unique_id` of a copy after the first of message `message_id` for `subscriber`:
+    the same on every delivery of the message, another for each subscriber."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"nginn-copy:{subscriber}#{message_id}").hex
 
 
 class NGinnPublisher(Publisher):
@@ -167,7 +179,10 @@ class NGinnPublisher(Publisher):
                 row: OutgoingNGinnRow = layout.outgoing(envelope, now, address=table)
             except HeadersFormatError as exc:
                 return MessageRejected(f"{where}: {exc}", index=index)
-            unique_id = (row.unique_id if n == 0 else None) or self._unique_id()
+            if row.unique_id is None:
+                unique_id = self._unique_id()
+            else:
+                unique_id = row.unique_id if n == 0 else copy_id(row.unique_id, subscriber)
             out.append(
                 (
                     table,
