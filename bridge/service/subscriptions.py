@@ -251,14 +251,17 @@ async def _nginn_state(
     config: BridgeConfig, transport: Transport, made: list[Subscribed]
 ) -> dict[tuple[str, str], str]:
     """`subscribed` where NGinn's table holds the row without an expiration (the bridge writes
-    none), `expiring` where it holds one with an expiration, else `missing`."""
+    none), `expiring` where it holds one with an expiration still to come, `expired` where that
+    has passed by the database's clock (NGinn's publisher no longer reads the row), else
+    `missing`."""
+    from bridge.transports.sql.layouts.nginn_rows import parse_local
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 
     assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
     table = NGinnSubscriptionTable(transport.dialect, transport.config.nginn.subscriptions)
     try:
-        rows = await table.rows() if await table.exists() else []
+        rows, now = await table.rows_and_clock() if await table.exists() else ([], None)
     finally:
         await table.close()
         await transport.close()
@@ -266,9 +269,14 @@ async def _nginn_state(
     out = {}
     for s in made:
         key = _nginn_row(config, s)
-        out[s.endpoint, s.event] = (
-            "missing" if key not in held else "subscribed" if held[key] is None else "expiring"
-        )
+        expires = held.get(key)
+        if key not in held:
+            out[s.endpoint, s.event] = "missing"
+        elif expires is None:
+            out[s.endpoint, s.event] = "subscribed"
+        else:
+            passed = now is not None and parse_local(expires) < now
+            out[s.endpoint, s.event] = "expired" if passed else "expiring"
     return out
 
 

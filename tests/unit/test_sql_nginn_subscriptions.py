@@ -107,7 +107,7 @@ def test_portable_statements_parse_with_the_local_clock(dialect: Any) -> None:
     d = dialect()
     s = statements(d, "NGinnMessageBus_Subscriptions")
     read = "postgres" if d.kind == "postgresql" else "sqlite"
-    for text in (s.create, s.update, s.insert, s.delete, s.rows, s.subscribers(2)):
+    for text in (s.create, s.update, s.insert, s.delete, s.rows, s.subscribers(2), s.clock):
         (tree,) = sqlglot.parse(text.replace("%s", "?"), read=read)
         assert tree is not None and not isinstance(tree, exp.Command), text
     clock = "now() AT TIME ZONE 'Europe/Warsaw'" if d.kind == "postgresql" else "nginn_local("

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
+from bridge.transports.sql.layouts.nginn_rows import parse_local
 from bridge.transports.sql.layouts.nginn_sql import local_now
 from bridge.transports.sql.subscriptions import OwnConnectionTable
 
@@ -54,7 +56,8 @@ class NGinnSubscriptionStatements:
     (changes the row's expiration; its row count says whether the row is there). insert:
     params (pub, sub, mtype, expiration). delete: params (pub, sub, mtype). rows: every row
     (`NGinnSubscriptionRow`), ordered. subscribers: `{0}` the message types' parameters, after
-    the publisher's -> distinct subscriber endpoints whose rows have not expired."""
+    the publisher's -> distinct subscriber endpoints whose rows have not expired. clock: the
+    local time `expiration_date` is compared with (NGinn's `getdate()`)."""
 
     create: str
     update: str
@@ -64,6 +67,7 @@ class NGinnSubscriptionStatements:
     rows: str
     subscribers_template: str
     placeholder: str
+    clock: str
 
     def subscribers(self, count: int) -> str:
         return self.subscribers_template.format(", ".join([self.placeholder] * count))
@@ -125,6 +129,7 @@ def _sqlserver(d: Dialect, name: str) -> NGinnSubscriptionStatements:
             "and message_type in ({0})"
         ),
         placeholder="?",
+        clock="select getdate()",
     )
 
 
@@ -165,6 +170,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnSubscriptionStatements:
             "and message_type in ({0})"
         ),
         placeholder=p,
+        clock=f"select {now}",
     )
 
 
@@ -200,6 +206,12 @@ class NGinnSubscriptionTable(OwnConnectionTable):
     async def rows(self) -> list[NGinnSubscriptionRow]:
         return await self._connection.run(self._rows)
 
+    async def rows_and_clock(self) -> tuple[list[NGinnSubscriptionRow], datetime]:
+        """Every row, and the database's local time then (naive), which a row's
+        `expiration_date` is compared with: a row whose expiration is before it is expired, and
+        NGinn's publisher no longer reads it (NamedQueries.sqlserver.json:27)."""
+        return await self._connection.run(self._rows_and_clock)
+
     def subscribers(
         self, db: DbConnection, publisher: str, message_types: Sequence[str]
     ) -> list[str]:
@@ -218,6 +230,16 @@ class NGinnSubscriptionTable(OwnConnectionTable):
         if cursor.rowcount == 0:
             cursor.execute(self.statements.insert, [pub, sub, mtype, None])
         db.commit()
+
+    def _rows_and_clock(self, db: DbConnection) -> tuple[list[NGinnSubscriptionRow], datetime]:
+        rows = self._rows(db)
+        try:
+            cursor = db.cursor()
+            cursor.execute(self.statements.clock)
+            ((now,),) = self.dialect.fetch(cursor)
+            return rows, parse_local(now)
+        finally:
+            db.rollback()
 
     def _rows(self, db: DbConnection) -> list[NGinnSubscriptionRow]:
         try:
