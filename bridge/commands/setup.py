@@ -30,6 +30,9 @@ async def check(config_path: str, *, connect: bool) -> int:
     proxies: dict[str, list[str]] = {}
     for place in config.registry.proxies():
         proxies.setdefault(place.connection, []).append(place.queue)
+    for s in config.registry.pubsub.subscriptions():
+        if s.table is not None and s.table not in proxies.get(s.connection, []):
+            proxies.setdefault(s.connection, []).append(s.table)  # an NGinn event table
     for name, needed in addresses(config).items():
         transport = transport_for(config, name)
         try:
@@ -42,7 +45,8 @@ async def check(config_path: str, *, connect: bool) -> int:
             if reached and proxies.get(name) and not config.proxies.create:
                 missing = [q for q in proxies[name] if not await exists(transport, q)]
                 if missing:
-                    what = "is a proxy" if len(missing) == 1 else "are proxies"
+                    one = len(missing) == 1
+                    what = "is a proxy or event table" if one else "are proxies or event tables"
                     print(
                         f"{name}: note: {', '.join(missing)} {what}, which `bridge install` "
                         "creates only with `proxies: {create: true}` (it needs the rights to); "
