@@ -112,7 +112,9 @@ def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
 async def _apply_nginn(
     config: BridgeConfig, transport: Transport, made: list[Subscribed], *, subscribe: bool
 ) -> None:
-    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table."""
+    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table. Removing
+    a subscription to an NGinn publisher removes the row whose subscriber is the proxy (or
+    carrier) too, as subscriptions were made before they had event tables."""
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 
@@ -123,8 +125,14 @@ async def _apply_nginn(
         if subscribe:
             await table.create()
         for s in made:
-            row = _nginn_row(config, s)
-            await (table.subscribe if subscribe else table.unsubscribe)(*row)
+            publisher, subscriber, message_type = _nginn_row(config, s)
+            if subscribe:
+                await table.subscribe(publisher, subscriber, message_type)
+                continue
+            await table.unsubscribe(publisher, subscriber, message_type)
+            if s.table is not None:
+                proxy = config.registry.address(s.queue, s.connection)
+                await table.unsubscribe(publisher, proxy, message_type)
     finally:
         await table.close()
 
