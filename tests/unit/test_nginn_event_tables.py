@@ -242,3 +242,14 @@ def test_an_endpoint_whose_proxy_on_nginn_tables_is_too_long_is_refused() -> Non
     config = config_of(NGINN + PLACED.replace("Shipping", "S" * 41))
     [s] = [s for s in config.registry.pubsub.subscriptions() if s.endpoint == "S" * 41]
     assert s.table is not None and len(s.address) <= 50 and s.table != f"{'S' * 41}_Placed"
+
+
+def test_check_says_a_missing_event_table_is_one() -> None:
+    """`bridge check --connect` without `proxies: {create: true}`: what is missing and why."""
+    from bridge.commands.setup import _made_like_proxies
+
+    tables = {"Shipping_Placed"}
+    assert _made_like_proxies(["Shipping_Placed"], tables) == "is an NGinn event table"
+    assert _made_like_proxies(["Shipping"], tables) == "is a proxy"
+    both = _made_like_proxies(["Shipping", "Shipping_Placed"], tables)
+    assert both == "are proxies and event tables"
