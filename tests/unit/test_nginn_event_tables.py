@@ -253,3 +253,17 @@ def test_check_says_a_missing_event_table_is_one() -> None:
     assert _made_like_proxies(["Shipping"], tables) == "is a proxy"
     both = _made_like_proxies(["Shipping", "Shipping_Placed"], tables)
     assert both == "are proxies and event tables"
+
+
+def test_an_event_table_is_never_a_written_routes_table() -> None:
+    text = (
+        NGINN
+        + PLACED
+        + (
+            "routes:\n"
+            "  - {name: mine, from: {connection: ng, queue: Shipping_Placed}, "
+            "to: {connection: rabbit, queue: Elsewhere}}\n"
+        )
+    )
+    [s] = [s for s in config_of(text).registry.pubsub.subscriptions() if s.endpoint == "Shipping"]
+    assert s.table is not None and s.table.startswith("Shipping_") and s.table != "Shipping_Placed"
