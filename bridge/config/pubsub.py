@@ -157,9 +157,9 @@ class PubSub:
             if key not in tables:
                 used = taken.setdefault(s.connection, self._taken(s.connection))
                 room = NGINN_ENDPOINT_CHARS - len(self._endpoint(s.connection, ""))
-                tables[key] = event_table(s.queue, s.event, room, used)
-                if tables[key] is not None:
-                    used.add(str(tables[key]).casefold())
+                named = tables[key] = event_table(s.queue, s.event, room, used)
+                if named is not None:
+                    used.add(named.casefold())
             table = tables[key]
             address = s.address if table is None else self._endpoint(s.connection, table)
             out.append(dataclasses.replace(s, table=table, address=address))
@@ -191,9 +191,9 @@ class PubSub:
         """(publisher_endpoint, subscriber_endpoint, message_type) of `s` in NGinn's
         subscription table where `s` is made on a connection of NGinn tables (else None): the
         publisher's endpoint there (its own table's, or for an event published on Kafka its
-        proxy's), the subscribing table's (a proxy, a Kafka carrier, or the subscriber's own),
-        the event's NGinn name (`nginn.types`). For an NGinn publisher the subscribing table is
-        the subscription's event table."""
+        proxy's), the subscribing table's (for an NGinn publisher the subscription's event
+        table, for an event published on Kafka the subscriber's own), the event's NGinn name
+        (`nginn.types`)."""
         options = self.nginn(s.connection)
         if not s.native or options is None:
             return None
