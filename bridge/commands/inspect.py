@@ -91,7 +91,7 @@ def describe_registry(
     """`bridge endpoints --json`: each endpoint's address on every connection, its
     subscriptions (with `states`, what the publisher's side holds), and the routes."""
     registry = config.registry
-    routes = {(r.endpoint, r.from_.connection): r.name for r in config.derived_routes}
+    routes = {(r.from_.connection, r.from_.address): r.name for r in config.derived_routes}
     listed: dict[str, dict[str, Any]] = {}
     for place in registry.places():
         entry = listed.setdefault(
@@ -107,7 +107,7 @@ def describe_registry(
             "queue": place.queue,
             "address": place.address,
             "proxy": place.proxy,
-            "route": routes.get((place.endpoint, place.connection)),
+            "route": routes.get((place.connection, place.queue)),
         }
     pubsub = registry.pubsub
     for s in pubsub.subscriptions():
@@ -120,6 +120,9 @@ def describe_registry(
         }
         if s.kind == "kafka" or s.kind == "home":
             subscribed["topic"] = pubsub.topic(s.event)
+        if s.table is not None:  # an NGinn publisher's: the event table and its route
+            subscribed["table"] = s.table
+            subscribed["route"] = routes.get((s.connection, s.table))
         if states is not None and s.native:
             subscribed["state"] = states.get((s.endpoint, s.event), "unknown")
         listed[s.endpoint]["subscriptions"].append(subscribed)
@@ -149,6 +152,8 @@ def _how(s: dict[str, Any]) -> str:
         "kafka": f"via {s['address']} on {s['connection']}, to topic {s.get('topic')}",
         "home": f"topic {s.get('topic')} published on {s['connection']} to {s['address']}",
     }[s["kind"]]
+    if "table" in s:
+        how = how.replace("its proxy ", "event table ", 1) + f", route {s['route']}"
     return how + (f" [{s['state']}]" if "state" in s else "")
 
 

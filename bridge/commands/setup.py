@@ -30,6 +30,10 @@ async def check(config_path: str, *, connect: bool) -> int:
     proxies: dict[str, list[str]] = {}
     for place in config.registry.proxies():
         proxies.setdefault(place.connection, []).append(place.queue)
+    tables = {s.table for s in config.registry.pubsub.subscriptions() if s.table is not None}
+    for s in config.registry.pubsub.subscriptions():
+        if s.table is not None and s.table not in proxies.get(s.connection, []):
+            proxies.setdefault(s.connection, []).append(s.table)  # an NGinn event table
     for name, needed in addresses(config).items():
         transport = transport_for(config, name)
         try:
@@ -42,7 +46,7 @@ async def check(config_path: str, *, connect: bool) -> int:
             if reached and proxies.get(name) and not config.proxies.create:
                 missing = [q for q in proxies[name] if not await exists(transport, q)]
                 if missing:
-                    what = "is a proxy" if len(missing) == 1 else "are proxies"
+                    what = _made_like_proxies(missing, tables)
                     print(
                         f"{name}: note: {', '.join(missing)} {what}, which `bridge install` "
                         "creates only with `proxies: {create: true}` (it needs the rights to); "
@@ -57,6 +61,18 @@ async def check(config_path: str, *, connect: bool) -> int:
     if config.delays is not None and not await _check_delays(config, config.delays.connection):
         failures += 1
     return 1 if failures else 0
+
+
+def _made_like_proxies(missing: list[str], event_tables: set[str]) -> str:
+    """`is a proxy`, `are event tables`, ...: what the missing tables are."""
+    tables = [name for name in missing if name in event_tables]
+    if len(missing) == 1:
+        return "is an NGinn event table" if tables else "is a proxy"
+    if not tables:
+        return "are proxies"
+    return (
+        "are NGinn event tables" if len(tables) == len(missing) else "are proxies and event tables"
+    )
 
 
 async def _check_delays(config: BridgeConfig, name: str) -> bool:

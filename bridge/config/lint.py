@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from bridge.config.event_tables import HASH_CHARS
 from bridge.config.kinds import RULES
 from bridge.config.models import (
     ROUTE_NAME,
@@ -20,6 +21,7 @@ from bridge.config.models import (
     ConnectionConfig,
     DerivedRoute,
     Endpoint,
+    EventRoute,
     Route,
 )
 from bridge.config.places import place
@@ -330,6 +332,15 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
             f"endpoint {proxy.endpoint!r} (its proxy on {proxy.connection!r})",
             at.at(("endpoints", proxy.endpoint), key=True),
         )
+    for place_ in registry.places():
+        if getattr(config.connections[place_.connection], "layout", None) == "nginn":
+            what = "proxy" if place_.proxy else "queue"
+            _nginn_width(
+                place_.address,
+                NGINN_ENDPOINT_CHARS,
+                f"{what} endpoint of {place_.endpoint!r} on {place_.connection!r} (to_endpoint)",
+                at.at(("endpoints", place_.endpoint), key=True),
+            )
     for derived in registry.routes():
         loop = None if derived.publish else _loop(config, derived)
         if loop is not None:
@@ -401,7 +412,8 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
                     at.at((*path, "publisher")),
                 )
     pubsub = registry.pubsub
-    read = {route.from_.address for route in pubsub.routes()}  # topics of events from Kafka
+    # topics of events from Kafka
+    read = {r.from_.address for r in pubsub.routes() if isinstance(r, EventRoute)}
     queues = {(p.connection, p.queue): p for p in registry.places()}
     for s in pubsub.subscriptions():
         if not s.native:
@@ -469,14 +481,30 @@ def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> N
 
 
 def _nginn_subscription(s: Subscribed, pubsub: PubSub, where: str) -> None:
-    """A row of NGinn's subscription table fits its columns; where the bridge publishes as the
-    publisher (an event from Kafka), its endpoint fits the queue tables' `from_endpoint`."""
+    """A row of NGinn's subscription table fits its columns, and its subscriber endpoint the
+    queue tables' `to_endpoint`, where NGinn's Notify writes it (Impl/MessageBus.cs:360-367 of
+    lafar6502/nginn-messagebus @1fa4baf); an NGinn publisher's subscription has an event table
+    (`event_tables.py`); where the bridge publishes as the publisher (an event from Kafka), its
+    endpoint fits the queue tables' `from_endpoint`."""
     row = pubsub.nginn_row(s)
     if row is None:
         return
+    options = pubsub.nginn(s.connection)
+    if s.kind in ("proxy", "kafka") and s.table is None and options is not None:
+        prefix = f"sql://{options.alias}/"
+        raise ConfigError(
+            f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on NGinn tables on "
+            f"{s.connection!r}: the bridge subscribes an event table of its own there, and "
+            f"its endpoint {prefix}<table> must fit NGinn's {NGINN_ENDPOINT_CHARS}-character "
+            f"to_endpoint; {prefix!r} leaves {NGINN_ENDPOINT_CHARS - len(prefix)} characters, "
+            f"a table needs {HASH_CHARS + 1}: shorten `nginn.alias` of {s.connection!r}",
+            where,
+        )
     publisher, subscriber, message_type = row
     _nginn_width(publisher, NGINN_SUBSCRIPTION_ENDPOINT_CHARS, "publisher_endpoint", where)
     _nginn_width(subscriber, NGINN_SUBSCRIPTION_ENDPOINT_CHARS, "subscriber_endpoint", where)
+    what = "subscriber_endpoint (the to_endpoint of each event NGinn sends it)"
+    _nginn_width(subscriber, NGINN_ENDPOINT_CHARS, what, where)
     _nginn_width(message_type, NGINN_MESSAGE_TYPE_CHARS, "message_type", where)
     if s.kind == "home":
         what = f"publisher endpoint of {s.publisher!r} (from_endpoint of what it publishes)"

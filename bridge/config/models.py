@@ -35,6 +35,7 @@ __all__ = [
     "Endpoint",
     "EventConfig",
     "EventRoute",
+    "EventTableRoute",
     "HeaderRules",
     "HttpConfig",
     "KafkaConnection",
@@ -153,6 +154,16 @@ class EventRoute(DerivedRoute):
 
     event: str = Field(description="The event type (its .NET full name).")
     publish: bool = True
+
+
+class EventTableRoute(DerivedRoute):
+    """A route the registry derives for an event an NGinn endpoint publishes to a subscriber
+    on another transport: it reads the subscription's event table (`config/event_tables.py`),
+    where only NGinn's Notify writes, and sends each row, as `event` published, to the
+    subscriber's queue (`endpoint`'s), or for Kafka subscribers once to the event's topic
+    (`endpoint` is then their carrier)."""
+
+    event: str = Field(description="The event type subscribed to (its .NET full name).")
 
 
 class Subscription(Strict):

@@ -21,24 +21,35 @@ For a subscriber S (living on connection H) of event E whose publisher lives on 
 
 On a connection of NGinn tables (`layout: nginn`) a subscription is a row of NGinn's
 subscription table instead (`nginn_row`): publisher endpoint, subscriber endpoint, message type.
+For `proxy` and `kafka` there (an NGinn publisher), the subscriber endpoint is not the proxy
+but an *event table* of the subscription (`event_tables.py`): NGinn's Notify writes rows just
+as its Send does, so only a table no one sends to says that a row is an event, and of which
+subscription. One route per event table (`events.<connection>.<table>`, `EventTableRoute`)
+reads it and sends each row, marked published as the subscribed event, to the subscriber's
+queue (`proxy`), or once to the event's topic (`kafka`, per carrier); the proxy's own route
+then carries only what is sent to the endpoint.
 
 Driver-free, like the registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
+from bridge.config.event_tables import event_table, event_table_route
 from bridge.config.kinds import RULES
-from bridge.config.models import EventRoute
+from bridge.config.models import DerivedRoute, EventRoute, EventTableRoute
 from bridge.nservicebus.events import kafka_topic
+from bridge.transports.sql.config import NGINN_ENDPOINT_CHARS, NGinnOptions
 
 if TYPE_CHECKING:
     from bridge.config.registry import Registry
 
-__all__ = ["PubSub", "Subscribed", "event_route_name"]
+__all__ = ["PubSub", "Subscribed", "event_route_name", "event_table_route"]
 
 Kind = Literal["local", "proxy", "kafka", "home"]
 #: Connection types whose native pub/sub the bridge writes (SubscriptionRouting, exchanges).
@@ -60,9 +71,13 @@ class Subscribed:
     #: The connection the native subscription is made on (none for `local`).
     connection: str
     #: The queue the subscription delivers to there (a proxy, or the endpoint's own queue),
-    #: and its address as NServiceBus writes it (SubscriptionRouting's QueueAddress).
+    #: and its address as NServiceBus writes it (SubscriptionRouting's QueueAddress); for an
+    #: NGinn publisher, the endpoint of the event table, which delivers to `queue`.
     queue: str
     address: str
+    #: For an NGinn publisher (`proxy` and `kafka` on NGinn tables): the subscription's event
+    #: table on `connection` (None when none fits: `bridge check` refuses that).
+    table: str | None = None
 
     @property
     def native(self) -> bool:
@@ -90,6 +105,13 @@ class PubSub:
 
     def subscriptions(self) -> Iterator[Subscribed]:
         """Every `subscribes:` entry whose publisher is registered, in the file's order."""
+        return iter(self._made)
+
+    @cached_property
+    def _made(self) -> list[Subscribed]:
+        return self._with_event_tables(list(self._resolved()))
+
+    def _resolved(self) -> Iterator[Subscribed]:
         registry = self.registry
         carriers: dict[tuple[str, str], str] = {}
         for name, endpoint in registry.endpoints.items():
@@ -114,15 +136,66 @@ class PubSub:
                         name, event, publisher, "proxy", on, name, registry.address(name, on)
                     )
 
+    def nginn(self, connection: str) -> NGinnOptions | None:
+        """`connection`'s `nginn:` options when it holds NGinn tables, else None."""
+        model = self.registry.config.connections[connection]
+        options = getattr(model, "nginn", None)
+        layout = getattr(model, "layout", None)
+        return options if isinstance(options, NGinnOptions) and layout == "nginn" else None
+
+    def _with_event_tables(self, made: list[Subscribed]) -> list[Subscribed]:
+        """`made`, each subscription to an NGinn publisher given its event table (one per
+        connection, queue and event: the Kafka subscribers of a carrier share it)."""
+        tables: dict[tuple[str, str, str], str | None] = {}
+        taken: dict[str, set[str]] = {}
+        out = []
+        for s in made:
+            if s.kind not in ("proxy", "kafka") or self.nginn(s.connection) is None:
+                out.append(s)
+                continue
+            key = (s.connection, s.queue, s.event)
+            if key not in tables:
+                used = taken.setdefault(s.connection, self._taken(s.connection))
+                room = NGINN_ENDPOINT_CHARS - len(self._endpoint(s.connection, ""))
+                named = tables[key] = event_table(s.queue, s.event, room, used)
+                if named is not None:
+                    used.add(named.casefold())
+            table = tables[key]
+            address = s.address if table is None else self._endpoint(s.connection, table)
+            out.append(dataclasses.replace(s, table=table, address=address))
+        return out
+
+    def _endpoint(self, connection: str, table: str) -> str:
+        model = self.registry.config.connections[connection]
+        return str(RULES[model.type].canonical_address(model, table))
+
+    def _taken(self, connection: str) -> set[str]:
+        """The tables on `connection` an event table must not be: the endpoints' queues and
+        proxies, NGinn's subscription table, the routes' ends and the proxies' error queue."""
+        config = self.registry.config
+        names = {p.queue for p in self.registry.places() if p.connection == connection}
+        options = self.nginn(connection)
+        if options is not None:
+            names.add(options.subscriptions)
+        if config.proxies.error_queue:
+            names.add(config.proxies.error_queue)
+        for route in config.routes:
+            for end in (route.from_, route.to):
+                if end.connection == connection and end.queue:
+                    names.add(end.queue)
+            if route.from_.connection == connection and route.error_queue:
+                names.add(route.error_queue)
+        return {name.casefold() for name in names}
+
     def nginn_row(self, s: Subscribed) -> tuple[str, str, str] | None:
         """(publisher_endpoint, subscriber_endpoint, message_type) of `s` in NGinn's
         subscription table where `s` is made on a connection of NGinn tables (else None): the
         publisher's endpoint there (its own table's, or for an event published on Kafka its
-        proxy's), the subscribing table's (a proxy, a Kafka carrier, or the subscriber's own),
-        the event's NGinn name (`nginn.types`)."""
-        model = self.registry.config.connections[s.connection]
-        options = getattr(model, "nginn", None)
-        if not s.native or options is None or getattr(model, "layout", None) != "nginn":
+        proxy's), the subscribing table's (for an NGinn publisher the subscription's event
+        table, for an event published on Kafka the subscriber's own), the event's NGinn name
+        (`nginn.types`)."""
+        options = self.nginn(s.connection)
+        if not s.native or options is None:
             return None
         publisher = self.registry.address(s.publisher, s.connection)
         return publisher, s.address, options.message_type(s.event)
@@ -133,12 +206,16 @@ class PubSub:
         return sorted(made, key=lambda s: s.connection)
 
     def carried(self, connection: str, endpoint: str) -> list[str]:
-        """The events `endpoint`'s proxy on `connection` carries to Kafka topics."""
+        """The events `endpoint`'s proxy on `connection` carries to Kafka topics (none on NGinn
+        tables: there an event table's route carries them)."""
         return list(
             dict.fromkeys(
                 s.event
                 for s in self.subscriptions()
-                if s.kind == "kafka" and s.connection == connection and s.queue == endpoint
+                if s.kind == "kafka"
+                and s.connection == connection
+                and s.queue == endpoint
+                and self.nginn(connection) is None
             )
         )
 
@@ -153,8 +230,43 @@ class PubSub:
                     bucket.append(self.topic(s.event))
         return out
 
-    def routes(self) -> list[EventRoute]:
-        """One route per (event published on Kafka, connection of a subscriber)."""
+    def routes(self) -> list[DerivedRoute]:
+        """One route per (event published on Kafka, connection of a subscriber); then one per
+        NGinn event table."""
+        return [*self._published_routes(), *self._event_table_routes()]
+
+    def _event_table_routes(self) -> list[EventTableRoute]:
+        registry = self.registry
+        proxies = registry.config.proxies
+        out: dict[str, EventTableRoute] = {}
+        for s in self.subscriptions():
+            if s.table is None:
+                continue
+            name = event_table_route(s.connection, s.table)
+            if name in out:
+                continue
+            home = registry.home(s.endpoint)
+            if s.kind == "kafka":
+                to = {"connection": home, "topic": self.topic(s.event)}
+            else:
+                key = RULES[self._type(home)].ADDRESS_KEY
+                to = {"connection": home, key: registry.queue(s.endpoint, home)}
+            endpoint = registry.endpoints[s.queue]
+            out[name] = EventTableRoute.model_validate(
+                {
+                    "name": name,
+                    "endpoint": s.queue,
+                    "event": s.event,
+                    "from": {"connection": s.connection, "queue": s.table},
+                    "to": to,
+                    "batch_size": endpoint.batch_size or proxies.batch_size,
+                    "concurrency": endpoint.concurrency or proxies.concurrency,
+                    "error_queue": proxies.error_queue,
+                }
+            )
+        return list(out.values())
+
+    def _published_routes(self) -> list[EventRoute]:
         registry = self.registry
         proxies = registry.config.proxies
         out: dict[str, EventRoute] = {}

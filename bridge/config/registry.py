@@ -127,7 +127,7 @@ class Registry:
 
     def routes(self) -> list[DerivedRoute]:
         """One route per proxy, into the endpoint's own queue; then the routes of events
-        published on Kafka (`pubsub.py`)."""
+        published on Kafka and of NGinn event tables (`pubsub.py`)."""
         proxies = self.config.proxies
         out = []
         for place in self.proxies():

@@ -36,6 +36,7 @@ __all__ = [
     "is_control",
     "is_published",
     "kafka_topic",
+    "mark_published",
     "published",
     "topics_of",
     "type_name_problem",
@@ -106,6 +107,17 @@ def published(envelope: Envelope, event: str | None = None) -> Envelope:
     if event and not (headers.get(ENCLOSED_TYPES) or "").strip():
         headers.set(ENCLOSED_TYPES, event)
     return dataclasses.replace(envelope, headers=headers)
+
+
+def mark_published(headers: Headers, event: str) -> None:
+    """Make `headers` those of `event` published: `NServiceBus.MessageIntent = Publish`, and
+    `event` listed in `NServiceBus.EnclosedMessageTypes` after the types already there when it
+    is not one of them (a derived class's copy: NServiceBus lists the base types after the
+    derived one), so that subscribers of `event` find it by that name."""
+    headers.set(MESSAGE_INTENT, PUBLISH)
+    if event not in topics_of(headers):
+        listed = (headers.get(ENCLOSED_TYPES) or "").strip()
+        headers.set(ENCLOSED_TYPES, f"{listed};{event}" if listed else event)
 
 
 def exchange_name(full_name: str) -> str:

@@ -16,6 +16,11 @@ registry, which knows every endpoint's address on every connection:
 - any other message gets `NServiceBus.Bridge.Transfer = <from>-><to>` (connection names) and its
   reply address must translate.
 
+A route of an NGinn event table (`EventTableRoute`) reads only rows NGinn's Notify wrote for one
+subscription: each message becomes that event published (`mark_published`: intent `Publish`,
+the event listed in `NServiceBus.EnclosedMessageTypes` when it is not), before the runner counts
+it, so `/routes` and the metrics count it as published.
+
 An address that must translate and names no registered endpoint raises `UnknownAddress`: the
 message goes to the route's error queue with a reason naming the nearest endpoint, never onward
 with an address the other side cannot reach. `NServiceBus.MessagingBridge.FailedQ` (the
@@ -26,9 +31,10 @@ Everything else about the message crosses untouched.
 
 from __future__ import annotations
 
-from bridge.config.models import DerivedRoute, Route
+from bridge.config.models import DerivedRoute, EventTableRoute, Route
 from bridge.config.registry import Registry, UnknownAddress
 from bridge.envelope import Envelope, Headers
+from bridge.nservicebus.events import mark_published
 from bridge.nservicebus.lifetime import FAILED_Q, PROCESSING_ENDED
 
 __all__ = ["ADDRESS_HEADERS", "TRANSFER", "RouteRules"]
@@ -53,8 +59,9 @@ class RouteRules:
         self._source = route.from_.connection
         self._destination = route.to.connection
         self._transfer = f"{self._source}->{self._destination}"
+        self._event = route.event if isinstance(route, EventTableRoute) else None
         self.identity = self._registry is None and not (
-            self._address_map or self._rename or self._drop or self._set
+            self._address_map or self._rename or self._drop or self._set or self._event
         )
 
     def __call__(self, envelope: Envelope) -> Envelope:
@@ -62,6 +69,8 @@ class RouteRules:
         if self.identity:
             return envelope
         headers = envelope.headers.copy()
+        if self._event is not None:
+            mark_published(headers, self._event)
         if self._registry is not None:
             self._translate(headers)
         if PROCESSING_ENDED not in headers:  # an audit copy's addresses stay as they were

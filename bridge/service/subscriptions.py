@@ -12,29 +12,25 @@ event shares stays while another uses it); the bridge never unsubscribes on its 
 reads what each side holds, for `bridge endpoints --connect`.
 
 Sinks that publish (`publisher`: `SqlPublisher`, `NGinnPublisher`, `RabbitMQPublisher`) and the
-sink of a proxy's route (`event_sink`: a Kafka carrier's `EventTopics`, NGinn's `NGinnEvents`)
-are made here too, so the supervisor asks one place how a derived route's events go.
+sink of a proxy's route (`event_sink`: a Kafka carrier's `EventTopics`) are made here too, so
+the supervisor asks one place how a derived route's events go. (An NGinn publisher's events
+reach no proxy: each subscription has an event table and a route of its own, `pubsub.py`.)
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from bridge.config.models import BridgeConfig
 from bridge.config.pubsub import Subscribed
 from bridge.errors import BridgeError, TransportError, UsageError
 from bridge.protocols import Sink, Transport
 
-if TYPE_CHECKING:
-    from bridge.routing.nginn_events import Subscribed as NGinnSubscribed
-
 __all__ = [
     "change",
     "describe",
     "event_sink",
-    "nginn_events",
     "publisher",
     "state",
     "subscribe_all",
@@ -117,7 +113,9 @@ def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
 async def _apply_nginn(
     config: BridgeConfig, transport: Transport, made: list[Subscribed], *, subscribe: bool
 ) -> None:
-    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table."""
+    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table. Removing
+    a subscription to an NGinn publisher removes the row whose subscriber is the proxy (or
+    carrier) too, as subscriptions were made before they had event tables."""
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 
@@ -128,8 +126,14 @@ async def _apply_nginn(
         if subscribe:
             await table.create()
         for s in made:
-            row = _nginn_row(config, s)
-            await (table.subscribe if subscribe else table.unsubscribe)(*row)
+            publisher, subscriber, message_type = _nginn_row(config, s)
+            if subscribe:
+                await table.subscribe(publisher, subscriber, message_type)
+                continue
+            await table.unsubscribe(publisher, subscriber, message_type)
+            if s.table is not None:
+                proxy = config.registry.address(s.queue, s.connection)
+                await table.unsubscribe(publisher, proxy, message_type)
     finally:
         await table.close()
 
@@ -359,40 +363,12 @@ def event_sink(
     config: BridgeConfig, transport: Transport, connection: str, endpoint: str, own: Sink
 ) -> Sink:
     """The sink of `endpoint`'s proxy route from `connection`: `own`, or, for a Kafka carrier,
-    one that sends published events to their topics (`routing/events.py`); on NGinn tables,
-    behind one that recognises an NGinn publisher's events (`routing/nginn_events.py`)."""
+    one that sends published events to their topics (`routing/events.py`)."""
     pubsub = config.registry.pubsub
     carried = pubsub.carried(connection, endpoint)
-    sink = own
-    if carried:
-        from bridge.routing.events import EventTopics
+    if not carried:
+        return own
+    from bridge.routing.events import EventTopics
 
-        topics = {event: pubsub.topic(event) for event in carried}
-        sink = EventTopics(own, topics, lambda topic: transport.sink(topic))
-    events = nginn_events(config, connection, endpoint)
-    if events:
-        from bridge.routing.nginn_events import NGinnEvents
-
-        sink = NGinnEvents(sink, events)
-    return sink
-
-
-def nginn_events(
-    config: BridgeConfig, connection: str, endpoint: str
-) -> dict[str, list[NGinnSubscribed]]:
-    """Publisher endpoint -> the events `endpoint`'s proxy (or, for a Kafka carrier, the
-    endpoints it carries) subscribes to from it on `connection`, when that holds NGinn tables."""
-    from bridge.routing.nginn_events import Subscribed as NGinnSubscribed
-
-    options = getattr(config.connections[connection], "nginn", None)
-    if options is None or getattr(config.connections[connection], "layout", None) != "nginn":
-        return {}
-    out: dict[str, list[NGinnSubscribed]] = {}
-    for s in config.registry.pubsub.subscriptions():
-        if s.connection != connection or s.kind not in ("proxy", "kafka") or s.queue != endpoint:
-            continue
-        publisher, _, message_type = _nginn_row(config, s)
-        found = out.setdefault(publisher, [])
-        if all(x.event != s.event for x in found):
-            found.append(NGinnSubscribed(s.event, message_type))
-    return out
+    topics = {event: pubsub.topic(event) for event in carried}
+    return EventTopics(own, topics, lambda topic: transport.sink(topic))

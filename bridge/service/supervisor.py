@@ -14,8 +14,9 @@ cannot delay are sent when due (`bridge.service.delaying`); both run until the r
 
 At start, the registry's native subscriptions are made again (`subscriptions.py`), retried in
 the background until they are, while the routes run. A route of an event published on Kafka
-publishes through its destination's publisher, and a Kafka carrier's proxy route sends events to
-their topics (`bridge.config.pubsub`).
+publishes through its destination's publisher, a Kafka carrier's proxy route sends events to
+their topics, and an NGinn event table's route marks what it reads published
+(`bridge.config.pubsub`, `bridge.routing.rules`).
 
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
@@ -31,7 +32,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, Route
+from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, EventTableRoute, Route
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -136,7 +137,9 @@ class Supervisor:
                     return source, source.sink_in_transaction(route.to.address)
                 return source, source_transport.sink(route.to.address, key=route.key)
             sink = sink_transport.sink(route.to.address, key=route.key)
-            if isinstance(route, DerivedRoute):  # a Kafka carrier's events go to their topics
+            # A Kafka carrier's events go to their topics (not an NGinn event table's route's:
+            # it sends to one topic).
+            if isinstance(route, DerivedRoute) and not isinstance(route, EventTableRoute):
                 sink = event_sink(
                     config, sink_transport, route.from_.connection, route.endpoint, sink
                 )

@@ -10,12 +10,16 @@ The NGinn side is played as NGinn.MessageBus does it (lafar6502/nginn-messagebus
 - a subscriber takes rows with `SelectAndLockNext1/2` (NamedQueries.sqlserver.json:2-4);
 - a subscription row is `(publisher_endpoint, subscriber_endpoint, message_type, created_date =
   the server's local now, expiration_date)` (SqlSubscriptionService.cs:104-134,
-  NamedQueries.sqlserver.json:28-29).
+  NamedQueries.sqlserver.json:28-29);
+- a Send writes a row just as Notify does (MessageBus.cs:374-398): `from_endpoint` the sender,
+  no correlation id; the fluent API publishes with one (:652-656, 714-737).
+
+The bridge subscribes an event table per subscription to the NGinn publisher
+(`bridge/config/event_tables.py`), so that whatever lands there is that subscription's event.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import textwrap
@@ -32,6 +36,8 @@ import pytest
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
+from bridge.service.api import route_report
+from bridge.service.supervisor import Supervisor
 from bridge.transports import load
 from tests.conftest import unique
 from tests.integration.test_registry import bridge
@@ -42,14 +48,16 @@ pytestmark = pytest.mark.integration
 
 INTENT = "NServiceBus.MessageIntent"
 ENCLOSED = "NServiceBus.EnclosedMessageTypes"
+CORRELATION = "NServiceBus.CorrelationId"
 ZONE = "Europe/Warsaw"  # never UTC: a UTC created_date would be an hour or two off
 SUBSCRIPTIONS = "NGinnMessageBus_Subscriptions"
 
 
 class Site:
     """Legacy publishes on NGinn tables in PostgreSQL; Shipping (RabbitMQ), Billing (NServiceBus
-    tables in PostgreSQL) and Analytics (Kafka) subscribe to its base event. Inventory publishes
-    on Kafka; Books, on NGinn tables in SQLite, subscribes."""
+    tables in PostgreSQL) and Analytics (Kafka) subscribe to its base event, Analytics to a second
+    event of Legacy's too. Inventory publishes on Kafka; Books, on NGinn tables in SQLite,
+    subscribes."""
 
     def __init__(
         self,
@@ -66,6 +74,7 @@ class Site:
         ns = unique("T")
         self.placed = f"{ns}.Legacy.OrderPlaced"
         self.express = f"{ns}.Legacy.ExpressOrderPlaced"  # derives from OrderPlaced
+        self.cancelled = f"{ns}.Legacy.OrderCancelled"
         self.stock = f"{ns}.Inventory.StockChanged"
         self.lite_path = tmp_path / "ng.db"
         self.config = tmp_path / "routes.yaml"
@@ -93,7 +102,8 @@ class Site:
                     subscribes: [{{event: {self.placed}, publisher: {self.legacy}}}]
                   {self.analytics}:
                     connection: kafka
-                    subscribes: [{{event: {self.placed}, publisher: {self.legacy}}}]
+                    subscribes: [{{event: {self.placed}, publisher: {self.legacy}}},
+                                 {{event: {self.cancelled}, publisher: {self.legacy}}}]
                   {self.books}:
                     connection: lite
                     subscribes: [{{event: {self.stock}, publisher: {self.inventory}}}]
@@ -107,6 +117,13 @@ class Site:
             name: load(name, connections[name]) for name in ("ng", "pg", "rabbit", "kafka")
         }
         self.publisher = NGinn("postgresql", f"{dsn}|{self.ng_schema}", self.legacy, ZONE)
+        pubsub = load_config(self.config).config.registry.pubsub
+        #: (subscriber, event) -> its event table on ng
+        self.tables = {(x.endpoint, x.event): x.table for x in pubsub.subscriptions() if x.table}
+
+    def proxy(self, endpoint: str) -> NGinn:
+        """`endpoint`'s proxy on ng, as an NGinn endpoint there sees it."""
+        return NGinn("postgresql", f"{self.dsn}|{self.ng_schema}", endpoint, ZONE)
 
     def __getitem__(self, name: str) -> Transport:
         return self.transports[name]
@@ -130,7 +147,8 @@ class Site:
             ).fetchall()
 
     async def read_topic(self, topic: str, expect: int) -> list[Envelope]:
-        """The records of `topic`, reading until `expect` came and 3 s more (10 s at most)."""
+        """The records of `topic`, reading until `expect` came and 1 s more (10 s at most);
+        read after the run, so every record the bridge produced is there already."""
         source = self["kafka"].source(topic, group=unique("reader"))
         got: list[Envelope] = []
         deadline, quiet = time.monotonic() + 10, None
@@ -141,7 +159,7 @@ class Site:
                     got.extend(batch.messages)
                     await batch.commit()
                 if len(got) >= expect and quiet is None:
-                    quiet = time.monotonic() + 3
+                    quiet = time.monotonic() + 1
         finally:
             await source.close()
         return got
@@ -186,20 +204,35 @@ def plausible_local_now(created: datetime, zone: str) -> bool:
     return abs(created - now) < timedelta(minutes=2)
 
 
+async def run(config: Path) -> list[dict[str, Any]]:
+    """`bridge run --until-idle 4`, in this process: what `/routes` shows at its end."""
+    supervisor = Supervisor(load_config(config).config, until_idle=4, poll_timeout=0.5)
+    assert await supervisor.run() == 0
+    return route_report(supervisor.runners)
+
+
 async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: Site) -> None:
     s = site
+    placed_tables = {s.tables[sub, s.placed] for sub in (s.shipping, s.billing, s.analytics)}
+    assert placed_tables == {
+        f"{sub}_OrderPlaced" for sub in (s.shipping, s.billing, s.analytics)
+    }  # `<queue>_<event>`: they fit NGinn's 50 characters
     printed = bridge(s.config, "install", "--print-sql").stdout
     assert f'CREATE TABLE IF NOT EXISTS "{s.ng_schema}"."{SUBSCRIPTIONS}"' in printed
+    for table in s.tables.values():  # the event tables, created as proxies are
+        assert f'CREATE TABLE IF NOT EXISTS "{s.ng_schema}"."{table}"' in printed
     installed = bridge(s.config, "install").stdout
-    assert f"ng: subscribed {s.shipping} to {s.placed} at sql://db/{s.shipping}" in installed
+    shipping_table = s.tables[s.shipping, s.placed]
+    assert f"ng: subscribed {s.shipping} to {s.placed} at sql://db/{shipping_table}" in installed
 
-    # The rows NGinn would write when each proxy subscribes from its own endpoint (Analytics,
-    # on Kafka, through its proxy: the event goes to Kafka once).
+    # The rows NGinn would write when each event table subscribes from its own endpoint (one
+    # per subscription; Analytics, on Kafka, through its carrier's: an event goes to Kafka once).
     rows = s.ng_rows()
-    assert [r[:3] for r in rows] == sorted(
-        (f"sql://db/{s.legacy}", f"sql://db/{sub}", s.placed)
-        for sub in (s.shipping, s.billing, s.analytics)
+    assert sorted(r[:3] for r in rows) == sorted(
+        (f"sql://db/{s.legacy}", f"sql://db/{table}", event)
+        for (_, event), table in s.tables.items()
     )
+    assert len(rows) == 4
     assert all(r[4] is None and plausible_local_now(r[3], ZONE) for r in rows), rows
     # A Kafka publisher's event on NGinn tables: Books subscribes as it would itself, from
     # Inventory's endpoint there; the message type is NGinn's name of the event.
@@ -214,12 +247,20 @@ async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: S
     bridge(s.config, "install")  # again: nothing doubles, nothing changes
     assert s.ng_rows() == rows and s.lite_rows() == [lite_row]
 
-    # Legacy publishes a derived event as NGinn does: one row per subscriber endpoint.
+    # Legacy publishes a derived event as NGinn does: one row per subscriber endpoint, into
+    # the event tables of the base event (Analytics subscribes to two events of Legacy's).
     body = json.dumps({"$type": f"{s.express}, Legacy", "OrderId": 7})
-    targets = s.publisher.notify(
-        body, [s.express, s.placed, "System.Object"], SUBSCRIPTIONS, ["u-1", "u-2", "u-3"]
-    )
-    assert len(targets) == 3
+    chain = [s.express, s.placed, "System.Object"]
+    targets = s.publisher.notify(body, chain, SUBSCRIPTIONS, ["u-1", "u-2", "u-3"])
+    assert sorted(targets) == sorted(f"sql://db/{t}" for t in placed_tables)
+    # The base event itself, published with a correlation id.
+    body = json.dumps({"$type": f"{s.placed}, Legacy", "OrderId": 8})
+    chain = [s.placed, "System.Object"]
+    s.publisher.notify(body, chain, SUBSCRIPTIONS, ["c-1", "c-2", "c-3"], correlation_id="o-8")
+    # Commands from Legacy to Shipping and Analytics, through their proxies, as NGinn sends.
+    command = json.dumps({"$type": f"{s.legacy}.Recalculate, Legacy"})
+    for endpoint, unique_id in ((s.shipping, "cmd-s"), (s.analytics, "cmd-a")):
+        s.proxy(endpoint).send(command, unique_id=unique_id, from_endpoint=f"sql://db/{s.legacy}")
     # Inventory publishes on Kafka: once, to its event's topic.
     producer = s["kafka"].sink(s.stock.replace("+", "_"))
     headers = Headers(
@@ -233,19 +274,35 @@ async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: S
     await producer.send([Envelope(headers, b'{"Sku": "A-1"}')])
     await producer.close()
 
-    await asyncio.to_thread(bridge, s.config, "run", "--until-idle", "4")
+    report = await run(s.config)
 
     assert s.ng_rows() == rows and s.lite_rows() == [lite_row]  # `run` subscribed again
-    [shipped] = await drain(s["rabbit"], s.shipping)
-    [billed] = await drain(s["pg"], s.billing)
-    for got in (shipped, billed):
-        assert got.headers.get(INTENT) == "Publish"
-        assert got.headers.get(ENCLOSED) == f"{s.express}, Legacy;{s.placed}"
-    assert {shipped.message_id, billed.message_id} <= {"u-1", "u-2", "u-3"}
-    # Once, on the topic of the subscribed event; nothing on the Analytics proxy's own.
-    [to_kafka] = await s.read_topic(s.placed, 1)
-    assert to_kafka.headers.get(INTENT) == "Publish"
-    assert (await s["kafka"].peek(s.analytics)).depth == 0
+    derived = f"{s.express}, Legacy;{s.placed}"
+    shipped = {m.message_id: m.headers for m in await drain(s["rabbit"], s.shipping)}
+    billed = {m.message_id: m.headers for m in await drain(s["pg"], s.billing)}
+    to_kafka = {m.message_id: m.headers for m in await s.read_topic(s.placed, 2)}
+    for got in (shipped, billed, to_kafka):  # once each: published, the base listed
+        events = {k: h for k, h in got.items() if not k.startswith("cmd-")}
+        assert len(events) == 2, got
+        kinds = sorted(
+            (h.get(ENCLOSED), h.get(INTENT), h.get(CORRELATION)) for h in events.values()
+        )
+        assert kinds == sorted(
+            [(derived, "Publish", None), (f"{s.placed}, Legacy", "Publish", "o-8")]
+        ), kinds
+    # The command reaches Shipping as it was sent; Analytics' on its own topic, not the event's.
+    assert shipped["cmd-s"].get(INTENT) == "Send"
+    assert shipped["cmd-s"].get(ENCLOSED) == f"{s.legacy}.Recalculate, Legacy"
+    assert set(billed) | set(to_kafka) <= {"u-1", "u-2", "u-3", "c-1", "c-2", "c-3"}
+    [to_analytics] = await s.read_topic(s.analytics, 1)
+    assert (to_analytics.message_id, to_analytics.headers.get(INTENT)) == ("cmd-a", "Send")
+    assert (await s["kafka"].peek(s.cancelled)).depth == 0
+    # /routes counts the events each event table's route forwarded, by type; the proxies' none.
+    routes = {r["name"]: r for r in report}
+    for table in placed_tables:
+        assert routes[f"events.ng.{table}"]["published"] == {s.express: 1, s.placed: 1}
+    assert routes[f"proxy.ng.{s.shipping}"]["published"] == {}
+    assert routes[f"proxy.ng.{s.shipping}"]["forwarded"] == 1
 
     # Books takes Inventory's event as NGinn receives a row.
     books = NGinn("sqlite", str(s.lite_path), s.books, "UTC", alias="lite")
@@ -260,16 +317,27 @@ async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: S
 
     shown = json.loads(bridge(s.config, "endpoints", "--json", "--connect").stdout)
     states = {
-        (e["name"], x["kind"]): x["state"] for e in shown["endpoints"] for x in e["subscriptions"]
+        (e["name"], x["event"]): (x["kind"], x["state"], x.get("route"))
+        for e in shown["endpoints"]
+        for x in e["subscriptions"]
     }
+    route_of = {key: f"events.ng.{table}" for key, table in s.tables.items()}
     assert states == {
-        (s.shipping, "proxy"): "subscribed",
-        (s.billing, "proxy"): "subscribed",
-        (s.analytics, "kafka"): "subscribed",
-        (s.books, "home"): "subscribed",
+        (s.shipping, s.placed): ("proxy", "subscribed", route_of[s.shipping, s.placed]),
+        (s.billing, s.placed): ("proxy", "subscribed", route_of[s.billing, s.placed]),
+        (s.analytics, s.placed): ("kafka", "subscribed", route_of[s.analytics, s.placed]),
+        (s.analytics, s.cancelled): ("kafka", "subscribed", route_of[s.analytics, s.cancelled]),
+        (s.books, s.stock): ("home", "subscribed", None),
     }
-    # By hand: unsubscribe Shipping and its row is gone; subscribe and it is back, new.
+    assert set(route_of.values()) <= {r["name"] for r in shown["routes"]}
+    # By hand: unsubscribe Shipping and its row is gone, with the row of its proxy that a
+    # bridge without event tables made; subscribe and the event table's is back.
+    with psycopg.connect(s.dsn, autocommit=True) as db:
+        db.execute(
+            f'INSERT INTO "{s.ng_schema}"."{SUBSCRIPTIONS}" VALUES (%s, %s, %s, now(), NULL)',
+            (f"sql://db/{s.legacy}", f"sql://db/{s.shipping}", s.placed),
+        )
     bridge(s.config, "unsubscribe", "--endpoint", s.shipping, "--event", s.placed)
-    assert len(s.ng_rows()) == 2
+    assert len(s.ng_rows()) == 3
     bridge(s.config, "subscribe", "--endpoint", s.shipping, "--event", s.placed)
-    assert [r[:3] for r in s.ng_rows()] == [r[:3] for r in rows]
+    assert sorted(r[:3] for r in s.ng_rows()) == sorted(r[:3] for r in rows)

@@ -231,14 +231,20 @@ class NGinn:
             return found
 
     def notify(
-        self, body: str, chain: list[str], subscriptions: str, unique_ids: list[str]
+        self,
+        body: str,
+        chain: list[str],
+        subscriptions: str,
+        unique_ids: list[str],
+        correlation_id: str | None = None,
     ) -> list[str]:
         """`Notify` of a message whose class chain (most derived first, up to System.Object) is
         `chain`: `GetTargetQueuesForMessageType` (MessageBus.cs:264-287) unions the subscribers
         of each class, then `NotifyAndDistributeMessages` (:347-371) sends one row per target,
         `from_endpoint` this endpoint, the first with the message's unique id and each clone
-        with a new one (`unique_ids`, in order), no correlation id; each row into the target's
-        table (a local database queue). The targets, in order."""
+        with a new one (`unique_ids`, in order), no correlation id (`correlation_id`: the
+        fluent `NewMessage(m).SetCorrelationId(id).Publish()`, :652-656, 714-737); each row into
+        the target's table (a local database queue). The targets, in order."""
         found = self.subscriptions(subscriptions)
         targets: list[str] = []
         for name in chain:
@@ -253,7 +259,7 @@ class NGinn:
                     "subqueue0": "I",
                     "retry_time0": self._time(self.now()),
                     "msg_body0": body,
-                    "correl_id0": None,
+                    "correl_id0": correlation_id,
                     "label0": "",
                     "headers0": "",
                     "unique_id0": unique_id,

@@ -468,9 +468,10 @@ def test_pub_sub_across_nginn_tables_is_rows_of_nginns_subscription_table() -> N
     pubsub = config.registry.pubsub
     rows = {(s.endpoint, s.kind): pubsub.nginn_row(s) for s in pubsub.subscriptions()}
     assert rows == {
-        # An NGinn publisher: its own table's endpoint, the proxy's table subscribing.
-        ("Shipping", "proxy"): ("sql://ng/Legacy", "sql://ng/Shipping", "Lg.Placed"),
-        ("Stats", "kafka"): ("sql://ng/Legacy", "sql://ng/Stats", "Lg.Placed"),
+        # An NGinn publisher: its own table's endpoint, the subscription's event table
+        # subscribing (`event_tables.py`; test_nginn_event_tables.py).
+        ("Shipping", "proxy"): ("sql://ng/Legacy", "sql://ng/Shipping_Placed", "Lg.Placed"),
+        ("Stats", "kafka"): ("sql://ng/Legacy", "sql://ng/Stats_Placed", "Lg.Placed"),
         # A Kafka publisher's event, published on NGinn as the publisher's proxy there.
         ("Books", "home"): ("sql://ng/Inventory", "sql://ng/Books", "I.Stock"),
     }
@@ -507,7 +508,8 @@ def test_nginn_subscription_rows_must_fit_nginns_columns() -> None:
         NGINN.replace("Inventory", publisher)
         + f"  Books: {{connection: ng, subscribes: [{{event: I.Stock, publisher: {publisher}}}]}}\n"
     )
-    assert "from_endpoint of what it publishes" in error and "holds 50" in error, error
+    # Its proxy there, whose endpoint is also the from_endpoint of what the bridge publishes.
+    assert f"proxy endpoint of {publisher!r} on 'ng'" in error and "holds 50" in error, error
 
 
 async def test_unsubscribing_a_kafka_subscriber_keeps_the_nginn_row_others_share() -> None:

@@ -1,13 +1,11 @@
-"""NGinn's subscription table: its statements against NGinn's own text, and how the bridge
-recognises an NGinn publisher's events at a proxy.
+"""NGinn's subscription table: its statements against NGinn's own text.
 
 Facts pinned here (lafar6502/nginn-messagebus @1fa4baf, `NGinnBPM.MessageBus/`):
 - create_subscribertable.sqlserver.sql: the columns, widths and primary key;
 - Impl/SqlQueue/NamedQueries.sqlserver.json:27-30: GetSubscriptions, UpdateSubscription,
   InsertSubscription, DeleteSubscription (whose `:pub` SqlClient does not bind: `@pub` here);
 - Impl/SqlSubscriptionService.cs:104-134: Subscribe = the update, then the insert when the
-  update changed no row;
-- Impl/MessageBus.cs:231-255: Notify writes no correlation id.
+  update changed no row.
 """
 
 from __future__ import annotations
@@ -18,10 +16,6 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from bridge.envelope import Envelope, Headers
-from bridge.routing.nginn_events import NGinnEvents, Subscribed
-from bridge.transports.memory import Broker
-from bridge.transports.memory import Transport as MemoryTransport
 from bridge.transports.sql.config import NGinnOptions
 from bridge.transports.sql.nginn_subscriptions import statements
 from tests.unit.test_sql_nginn import postgresql, sqlite, sqlserver
@@ -119,44 +113,3 @@ def test_an_nginn_message_type_is_the_full_name_of_the_type_map() -> None:
     options = NGinnOptions(alias="db", timezone="UTC", types={"A.B": "Lg.B, Lg.Asm"})
     assert options.message_type("A.B") == "Lg.B"
     assert options.message_type("A.C") == "A.C"
-
-
-# -- an NGinn publisher's events at a proxy --------------------------------------------------
-
-
-def row(enclosed: str | None, origin: str = "sql://db/Sales", **more: str) -> Envelope:
-    headers = Headers([("NServiceBus.MessageId", "m"), ("NServiceBus.MessageIntent", "Send")])
-    headers.add("NServiceBus.OriginatingEndpoint", origin)
-    if enclosed is not None:
-        headers.add("NServiceBus.EnclosedMessageTypes", enclosed)
-    for name, value in more.items():
-        headers.add(name, value)
-    return Envelope(headers, b"{}")
-
-
-async def sent(events: dict[str, list[Subscribed]], *messages: Envelope) -> list[Headers]:
-    broker = Broker()
-    sink = NGinnEvents(MemoryTransport("m", broker=broker).sink("Shipping"), events)
-    await sink.send(list(messages))
-    return [m.headers for m in broker.queue("Shipping")]
-
-
-async def test_an_nginn_publishers_rows_are_marked_published() -> None:
-    one = {"SQL://DB/Sales": [Subscribed("Sales.Placed", "Lg.Placed")]}
-    got = await sent(
-        one,
-        row("Sales.Placed"),  # the subscribed type, by its NServiceBus name
-        row("Lg.Placed, Lg"),  # by its NGinn name (no type map entry back)
-        row("Lg.ExpressPlaced, Lg"),  # a derived class NGinn sent for the subscription
-        row("Sales.Placed", origin="sql://db/Other"),  # another sender
-        row("Sales.Placed", **{"NServiceBus.CorrelationId": "c"}),  # a reply
-    )
-    intents = [h.get("NServiceBus.MessageIntent") for h in got]
-    assert intents == ["Publish", "Publish", "Publish", "Send", "Send"]
-    assert got[2].get("NServiceBus.EnclosedMessageTypes") == "Lg.ExpressPlaced, Lg;Sales.Placed"
-    assert got[0].get("NServiceBus.EnclosedMessageTypes") == "Sales.Placed"
-    # Two events from the publisher: a type that is neither is a command, left as it is.
-    two = {"sql://db/Sales": [Subscribed("Sales.Placed", "x"), Subscribed("Sales.Gone", "y")]}
-    (command, event) = await sent(two, row("Sales.Ship"), row("Sales.Gone"))
-    assert command.get("NServiceBus.MessageIntent") == "Send"
-    assert event.get("NServiceBus.MessageIntent") == "Publish"
