@@ -128,8 +128,9 @@ def test_one_route_per_event_table_into_the_subscribers_queue_or_the_events_topi
 def test_publishers_elsewhere_keep_their_proxies() -> None:
     """A publisher on RabbitMQ (or NServiceBus tables): the proxy subscribes, as before, also
     an NGinn subscriber's proxy; no event table, no route of one."""
+    typed = NGINN.replace("timezone: UTC}", "timezone: UTC, types: {S.Placed: 'S.Placed, S'}}")
     config = config_of(
-        NGINN
+        typed
         + "  Sales: {connection: rabbit}\n"
         + "  Books: {connection: ng, subscribes: [{event: S.Placed, publisher: Sales}]}\n"
         + "  Stats: {connection: kafka, subscribes: [{event: S.Placed, publisher: Sales}]}\n"
