@@ -27,7 +27,7 @@ import pytest
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.nservicebus.wireformat import format_timestamp
-from bridge.service.movers import DelayedMover
+from bridge.service.movers import MAX_WAIT, MIN_WAIT, DelayedMover
 from bridge.transports import load
 from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
 from bridge.transports.sql.transport import Transport as SqlTransport
@@ -508,3 +508,88 @@ async def test_a_forward_destination_in_another_schema_gets_the_message_there(
     assert nowhere == "nowhere" and "does not exist" in reason
     ((other, reason),) = poison["lite"]
     assert other == "other" and "SQLite" in reason and "main" in reason
+
+
+def nginn_postgresql(pg_dsn: str, pg_schema: str) -> SqlTransport:
+    from bridge.transports.sql.config import PostgresConnection
+
+    config = PostgresConnection.model_validate(
+        {
+            "type": "postgresql",
+            "dsn": pg_dsn,
+            "schema": pg_schema,
+            "layout": "nginn",
+            "nginn": {"alias": "ng", "timezone": "UTC", "retries": True},
+        }
+    )
+    transport = load("ng", config)
+    assert isinstance(transport, SqlTransport)
+    return transport
+
+
+async def moves_while_a_due_r_row_is_held(
+    transport: SqlTransport, pg_dsn: str, pg_schema: str, seconds: float
+) -> int:
+    """Rounds a mover of NGinn table `Q` runs in `seconds` while its only `R` row, due, is
+    held (FOR UPDATE) by another transaction."""
+    holder = psycopg.connect(pg_dsn)
+    stopping = asyncio.Event()
+    try:
+        await transport.install(["Q"])
+        holder.execute(
+            f'INSERT INTO "{pg_schema}"."Q" (from_endpoint, to_endpoint, subqueue, insert_time, '
+            "retry_count, retry_time, msg_text, msg_headers) VALUES ('a', 'sql://ng/Q', 'R', "
+            "now() AT TIME ZONE 'UTC', 0, now() AT TIME ZONE 'UTC' - interval '1 s', '{}', '')"
+        )
+        holder.commit()
+        holder.execute(f'SELECT id FROM "{pg_schema}"."Q" FOR UPDATE').fetchall()
+        mover = DelayedMover(transport, "Q")
+        running = asyncio.create_task(mover.run(stopping))
+        await asyncio.sleep(seconds)
+        stopping.set()
+        await running
+        return mover.moves
+    finally:
+        stopping.set()
+        holder.rollback()
+        holder.close()
+        await transport.close()
+
+
+async def test_an_nginn_postgresql_mover_waits_while_the_due_r_row_is_held_by_another(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """The NGinn mover takes `R` rows FOR UPDATE SKIP LOCKED, and reads the next due time
+    skipping them alike: a due `R` row another transaction holds is not due for this mover,
+    which waits `MAX_WAIT` between looks instead of looking again at once (thousands of rounds
+    a second), as the BridgeDelays producer waits
+    (test_bridge_delays_producer.py)."""
+    transport = nginn_postgresql(pg_dsn, pg_schema)
+    moves = await moves_while_a_due_r_row_is_held(transport, pg_dsn, pg_schema, 2.5 * MAX_WAIT)
+    assert moves <= 4, f"{moves} moves in {2.5 * MAX_WAIT:.1f} s: the mover polls in a loop"
+
+
+async def test_a_mover_that_sees_due_rows_it_cannot_take_waits_between_looks(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A look that sees rows another transaction holds (as SQL Server's READPAST sees rows
+    under another's update lock), here NGinn's next due time read without skipping them: each
+    move finds a row due and moves none, and the mover waits `MIN_WAIT`, doubled each time,
+    up to `MAX_WAIT`, instead of moving again at once."""
+    from dataclasses import replace
+
+    transport = nginn_postgresql(pg_dsn, pg_schema)
+    dialect = transport.dialect
+    looks_at_held_rows = replace(
+        dialect.delayed_statements("Q"),
+        next_due=(
+            "SELECT EXTRACT(EPOCH FROM min(retry_time) - (now() AT TIME ZONE 'UTC')) "
+            f'FROM "{pg_schema}"."Q" WHERE subqueue = \'R\''
+        ),
+    )
+    dialect.delayed_statements = lambda address: looks_at_held_rows  # type: ignore[method-assign]
+    seconds = 2.5 * MAX_WAIT
+    moves = await moves_while_a_due_r_row_is_held(transport, pg_dsn, pg_schema, seconds)
+    # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
+    assert MIN_WAIT == 0.05
+    assert moves <= 8, f"{moves} moves in {seconds:.1f} s: the mover polls in a loop"
