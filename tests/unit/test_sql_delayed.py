@@ -218,6 +218,31 @@ def test_a_store_carries_the_destination_and_the_delay_as_timespan_parts() -> No
     assert headers_codec.decode(pg[5]).get(FORWARD_DESTINATION) == '"public"."Sales"'
 
 
+def test_a_sql_server_queue_takes_its_own_forward_destination_without_catalog() -> None:
+    """Without `catalog:` (the database from the DSN) the bridge stores a delay for `D` with
+    ForwardDestination `D@[dbo]@[<database>]` (the canonical address, sqlserver.py), as an
+    NServiceBus endpoint does (StoreDelayedMessageCommand.cs:18). A source reading `D` takes
+    it as its own (header stripped, forwarded over the route), not as a row for another queue
+    to insert into `D` again (an extra hop behind the rows queued meanwhile); `D` in another
+    catalog of the server is still another queue."""
+    from bridge.transports.sql.addresses import address_key
+    from bridge.transports.sql.forward import Forwards
+
+    dialect = sqlserver(catalog=None)
+    dialect.database = "nservicebus"  # as after its first connection (DB_NAME())
+    envelope = Envelope(Headers([("NServiceBus.MessageId", "m")]), b"{}")
+    stored = headers_codec.decode(store_params(dialect, envelope, 1000, "D", 0.0)[0])
+    assert stored.get(FORWARD_DESTINATION) == "D@[dbo]@[nservicebus]"
+    moved = Envelope(stored, b"{}")
+    no_database: Any = None  # its own row is taken without a statement
+    assert Forwards(dialect, "D").take(moved, no_database) is moved
+    assert FORWARD_DESTINATION not in moved.headers
+    config = dialect.config
+    own = address_key(config, "D", "nservicebus")
+    assert address_key(config, "D@[DBO]@[NServiceBus]", "nservicebus") == own
+    assert address_key(config, "D@[dbo]@[other]", "nservicebus") != own
+
+
 def test_install_creates_each_tables_delayed_table_after_it() -> None:
     config = SqlServerConnection.model_validate(
         {"type": "sqlserver", "dsn": "Driver=x", "catalog": "nservicebus"}
