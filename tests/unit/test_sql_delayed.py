@@ -10,6 +10,7 @@ NServiceBus.SqlServer: src/NServiceBus.Transport.SqlServer/Queuing/SqlServerCons
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -318,3 +319,52 @@ def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
         (tree,) = parse(statement)
         names = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table)}
         assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement
+
+
+def test_a_message_waiting_in_bridgedelays_keeps_its_duplicate_headers(tmp_path: Path) -> None:
+    """Kafka headers are a multimap, and a record sent on at once keeps duplicates and nulls
+    (kafka/sink.py, "What is lossy"); delayed through `BridgeDelays` it keeps them too: the
+    Headers column is a list of pairs, not a JSON object (whose names would collapse)."""
+    from bridge.transports.sql.config import SqliteConnection
+    from bridge.transports.sql.delay_table import DelayTable
+    from bridge.transports.sql.dialects.sqlite import SqliteDialect
+
+    config = SqliteConnection.model_validate({"type": "sqlite", "path": str(tmp_path / "d.db")})
+    dialect = SqliteDialect("lite", config)
+    table = DelayTable(dialect)
+    headers = Headers(
+        [("NServiceBus.MessageId", "m"), ("trace", "a"), ("trace", "b"), ("none", None)]
+    )
+    db = dialect.connect()
+    try:
+        for statement in table.create:
+            db.cursor().execute(statement)
+        stored = table.store_params(Envelope(headers, b"{}"), -1000, "kafka", "topic", None)
+        old_form = (
+            *table.store_params(Envelope(headers, b"{}"), -500, "kafka", "topic", None)[:4],
+            '{"NServiceBus.MessageId":"old","trace":"x"}',
+            b"{}",
+            -500,
+        )
+        dialect.begin(db)
+        db.cursor().executemany(table.store, [stored, old_form])
+        db.commit()
+        taken = table.take_due(10, db)
+    finally:
+        db.close()
+    assert [list(row.envelope.headers) for row in taken] == [
+        list(headers),
+        [("NServiceBus.MessageId", "old"), ("trace", "x")],
+    ]
+
+
+def test_bridgedelays_refuses_headers_utf8_cannot_carry() -> None:
+    from bridge.errors import HeadersFormatError
+    from bridge.transports.sql.delay_table import read_headers, write_headers
+
+    with pytest.raises(HeadersFormatError, match="UTF-8"):
+        write_headers(Headers([("a", "\ud800")]))
+    for text in ('[["a","\\ud800"]]', '[["a",1]]', '{"a":1}', "[["):
+        with pytest.raises(HeadersFormatError):
+            read_headers(text)
+    assert list(read_headers('[["a","\\u00e9"],["a",null]]')) == [("a", "\u00e9"), ("a", None)]

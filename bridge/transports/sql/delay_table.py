@@ -3,8 +3,9 @@
 The table is this project's own, on the SQL connection `delays: {connection}` names
 (messaging-bridge.md §4), next to its queue tables; `bridge install` creates it. A row holds one
 message: the destination (connection name, address, the route's record key setting), the
-headers (the Headers column's JSON, `bridge.transports.sql.headers`), the body and when it is
-due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
+headers (a JSON array of [name, value] pairs, in order with duplicates and nulls, as a Kafka
+record carries them; a JSON object, the SQL Headers column's form, is read too), the body and
+when it is due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
 stores rows and produces them when due: it takes a batch of due rows in a transaction (rows
 other transactions hold are skipped, when taking and when reading the next due time alike:
 several processes compete safely, and one waits while another sends), sends them, and
@@ -21,17 +22,19 @@ a crash leaves them, and the rows are due again, and sent again, once the claim 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bridge.envelope import Envelope
+from bridge.envelope import Envelope, Headers
+from bridge.errors import HeadersFormatError
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_id
 
-__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable"]
+__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable", "read_headers", "write_headers"]
 
 TABLE = "BridgeDelays"
 #: SQLite: seconds a taken row is claimed for its send, far beyond what a send takes (Kafka's
@@ -145,7 +148,7 @@ class DelayTable:
         self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
     ) -> Sequence[Any]:
         """HeadersFormatError where the row cannot hold the headers."""
-        headers = headers_codec.write(envelope.headers)
+        headers = write_headers(envelope.headers)
         row = (new_id(), connection, address, key, headers, bytes(envelope.body))
         return (*row, due_ms, due_ms) if self.dialect.kind == "sqlserver" else (*row, due_ms)
 
@@ -166,7 +169,7 @@ class DelayTable:
                 connection=str(row[1]),
                 address=str(row[2]),
                 key=row[3],
-                envelope=Envelope(headers_codec.decode(_text(row[4])), _bytes(row[5])),
+                envelope=Envelope(read_headers(_text(row[4])), _bytes(row[5])),
                 due=str(row[6]) if sqlite else None,
             )
             for row in cursor.fetchall()
@@ -230,6 +233,47 @@ class DelayTable:
         finally:
             db.rollback()
         return None if row is None or row[0] is None else float(row[0])
+
+
+def write_headers(headers: Headers) -> str:
+    """The Headers column: a JSON array of [name, value] pairs in order, duplicates and nulls
+    kept (a Kafka record's headers are a multimap); HeadersFormatError for a name or value
+    UTF-8 cannot carry (a lone surrogate)."""
+    pairs = list(headers)
+    try:
+        text = json.dumps(pairs, ensure_ascii=False, separators=(",", ":"))
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
+    return text
+
+
+def read_headers(text: str) -> Headers:
+    """`write_headers`' inverse; a JSON object (the SQL Headers column's form, which rows
+    stored before the array form hold) is read as that column; HeadersFormatError for
+    anything else."""
+    if not text.lstrip().startswith("["):
+        return headers_codec.decode(text)
+    try:
+        pairs = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise HeadersFormatError(f"headers are not valid JSON: {exc}") from exc
+    items: list[tuple[str, str | None]] = []
+    for pair in pairs:
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and (pair[1] is None or isinstance(pair[1], str))
+        ):
+            raise HeadersFormatError(f"headers must be [name, value] pairs of text, got {pair!r}")
+        items.append((pair[0], pair[1]))
+    if "\\u" in text:  # an escape may stand for a lone surrogate, which UTF-8 cannot carry
+        try:
+            json.dumps(items, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
+    return Headers(items)
 
 
 def _sqlite_time(moment: datetime) -> str:
