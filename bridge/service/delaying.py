@@ -7,7 +7,9 @@ stores such a message in that connection's `BridgeDelays` table
 (`bridge.transports.sql.delay_table`) and sends the others on, and `bridge run` runs a
 `DelayedProducer`, which sends each stored message to its destination when it is due and only
 then deletes its row. A delay waits at most `MAX_WAIT` seconds past its due time (plus the
-send), whether or not the process that stored it still runs.
+send), whether or not the process that stored it still runs. A look that finds a row due but
+takes none (another producer holds it) waits `MIN_WAIT` seconds before the next, twice as long
+each time that repeats, up to `MAX_WAIT`, as the movers do: the producer never polls in a loop.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from bridge.errors import (
 )
 from bridge.nservicebus.delays import DELAY_WITH_TTL, too_long
 from bridge.protocols import Checkpoint, Sink, Transport
-from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
+from bridge.service.movers import MAX_BACKOFF, MAX_WAIT, MIN_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.delay_table import DelayRow, DelayTable
@@ -195,17 +197,23 @@ class DelayedProducer:
     async def run(self, stopping: asyncio.Event) -> None:
         db = Connection(self.store.dialect, pool=self.store.pool)
         failures = 0
+        stalls = 0  # looks in a row that found a row due and took none
         try:
             while not stopping.is_set():
                 try:
                     if await self._produce_due(db):
-                        failures = 0
+                        failures = stalls = 0
                         await asyncio.sleep(0)
                         continue
                     next_due = await db.run(self.table.seconds_to_next_due)
                     failures = 0
-                    wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    stalls = stalls + 1 if next_due is not None and next_due <= 0 else 0
+                    if stalls:  # due rows another producer holds: look again after a while
+                        wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
+                    else:
+                        wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
                 except BridgeError as exc:
+                    stalls = 0
                     failures += 1
                     wait = min(MAX_BACKOFF, 0.5 * 2**failures)
                     log.warning(

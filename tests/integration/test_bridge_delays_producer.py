@@ -20,7 +20,7 @@ from bridge.config.models import BridgeConfig
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Sink
 from bridge.service.delaying import DelayedProducer, delaying_sink
-from bridge.service.movers import MAX_WAIT
+from bridge.service.movers import MAX_WAIT, MIN_WAIT
 from bridge.transports import load
 from bridge.transports.sql.transport import Transport as SqlTransport
 from tests.conftest import unique
@@ -91,6 +91,49 @@ async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
         await store.close()
     print(f"takes of a held row in {2.5 * MAX_WAIT:.1f} s: {len(takes)}")
     assert 1 <= len(takes) <= 4, f"{len(takes)} takes: the producer polls in a loop"
+
+
+async def test_a_producer_that_sees_due_rows_it_cannot_take_waits_between_looks(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A next-due read that sees rows another producer holds (as SQL Server's READPAST alone
+    sees rows under another's update locks), here PostgreSQL's without SKIP LOCKED: each look
+    finds a row due and takes none, and the producer waits `MIN_WAIT`, doubled each time, up
+    to `MAX_WAIT`, instead of looking again at once."""
+    config = config_with_delays(
+        {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}, "127.0.0.1:1"
+    )
+    store = load("db", config.connections["db"])
+    assert isinstance(store, SqlTransport)
+    stopping = asyncio.Event()
+    holder = psycopg.connect(pg_dsn)
+    try:
+        await store.install_delay_table()
+        sink = delaying_sink(config, "kafka", "t", None, Unused(), lambda name: store)
+        await sink.send([message("held", time.time() + 0.05)])
+        await sink.close()
+        await asyncio.sleep(0.1)
+        holder.execute(f'SELECT Id FROM "{pg_schema}"."BridgeDelays" FOR UPDATE').fetchall()
+        producer = DelayedProducer(store, lambda connection, address, key: Unused())
+        producer.table.next_due = (
+            f'SELECT EXTRACT(EPOCH FROM Due - now()) FROM "{pg_schema}"."BridgeDelays" '
+            "ORDER BY Due LIMIT 1"
+        )
+        takes: list[float] = []
+        producer.table.take_due = counting(producer.table.take_due, takes)  # type: ignore[method-assign]
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.sleep(2.5 * MAX_WAIT)
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        holder.rollback()
+        holder.close()
+        await store.close()
+    print(f"takes of a held row seen due in {2.5 * MAX_WAIT:.1f} s: {len(takes)}")
+    # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
+    assert MIN_WAIT == 0.05
+    assert 1 <= len(takes) <= 8, f"{len(takes)} takes: the producer polls in a loop"
 
 
 class Unused:

@@ -321,6 +321,24 @@ def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
         assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement
 
 
+def test_sql_server_bridgedelays_next_due_skips_the_rows_other_producers_take() -> None:
+    """A take holds its rows with update locks (UPDLOCK, READPAST); READPAST alone skips only
+    rows under exclusive locks, so a next-due read with it alone would see a row another
+    producer holds, due, and the producer would look again at once, in a loop. The read skips
+    them as the take does."""
+    from bridge.transports.sql.delay_table import DelayTable
+
+    def hints(statement: str) -> set[str]:
+        (tree,) = parse(statement)
+        table = tree.find(exp.Table)
+        assert table is not None
+        return {v.name.upper() for h in table.args.get("hints") or [] for v in h.expressions}
+
+    table = DelayTable(sqlserver())
+    assert hints(table.take) == {"UPDLOCK", "READPAST", "ROWLOCK"}
+    assert hints(table.next_due) == hints(table.take)
+
+
 def test_a_message_waiting_in_bridgedelays_keeps_its_duplicate_headers(tmp_path: Path) -> None:
     """Kafka headers are a multimap, and a record sent on at once keeps duplicates and nulls
     (kafka/sink.py, "What is lossy"); delayed through `BridgeDelays` it keeps them too: the

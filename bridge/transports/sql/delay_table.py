@@ -8,7 +8,8 @@ record carries them; a JSON object, the SQL Headers column's form, is read too),
 when it is due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
 stores rows and produces them when due: it takes a batch of due rows in a transaction (rows
 other transactions hold are skipped, when taking and when reading the next due time alike:
-several processes compete safely, and one waits while another sends), sends them, and
+several processes compete safely, and one waits while another sends; SQL Server: UPDLOCK,
+READPAST in both), sends them, and
 deletes them in that transaction only after the destination acknowledged them, so a crash
 between the two sends them again (at least once, never lost).
 
@@ -81,9 +82,11 @@ class DelayTable:
                 f"SELECT TOP(?) {taken} FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
                 "WHERE Due <= GETUTCDATE() ORDER BY Due"
             )
+            # UPDLOCK as `take` has it: READPAST alone skips only rows under exclusive locks,
+            # and would read the rows another producer's take holds (update locks).
             self.next_due = (
                 "SELECT TOP 1 (CAST(Due AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
-                f"FROM {t} WITH (READPAST) ORDER BY Due"
+                f"FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY Due"
             )
             self.waiting = (
                 "SELECT count(*), (CAST(min(Due) AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
