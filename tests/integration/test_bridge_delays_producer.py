@@ -9,6 +9,7 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from bridge.protocols import Sink
 from bridge.service.delaying import DelayedProducer, delaying_sink
 from bridge.service.movers import MAX_WAIT, MIN_WAIT
 from bridge.transports import load
+from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.transport import Transport as SqlTransport
 from tests.conftest import unique
 
@@ -134,6 +136,39 @@ async def test_a_producer_that_sees_due_rows_it_cannot_take_waits_between_looks(
     # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
     assert MIN_WAIT == 0.05
     assert 1 <= len(takes) <= 8, f"{len(takes)} takes: the producer polls in a loop"
+
+
+async def test_an_idle_sqlite_producer_takes_no_write_lock(tmp_path: Path) -> None:
+    """A look at `BridgeDelays` that finds nothing due is a read (SQLite's write lock covers
+    the whole file, and the producer looks about once a second): it returns at once while
+    another writer holds the file, instead of waiting for the lock and failing."""
+    path = tmp_path / "q.db"
+    config = config_with_delays(
+        {"type": "sqlite", "path": str(path), "busy_timeout": 0.5}, "127.0.0.1:1"
+    )
+    store = load("db", config.connections["db"])
+    assert isinstance(store, SqlTransport)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await store.install_delay_table()
+        sink = delaying_sink(config, "kafka", "t", None, Unused(), lambda name: store)
+        await sink.send([message("later", time.time() + 3600)])
+        await sink.close()
+        other.execute("BEGIN IMMEDIATE")
+        producer = DelayedProducer(store, lambda connection, address, key: Unused())
+        db = Connection(store.dialect, pool=store.pool)
+        try:
+            started = time.monotonic()
+            taken = await db.run(partial(producer.table.take_due, 10))
+            took = time.monotonic() - started
+        finally:
+            await db.close()
+    finally:
+        other.rollback()
+        other.close()
+        await store.close()
+    assert taken == []
+    assert took < 0.4, f"{took:.2f} s: the look waited for the write lock"
 
 
 class Unused:

@@ -158,13 +158,20 @@ class DelayTable:
     def take_due(self, batch: int, db: DbConnection) -> list[DelayRow]:
         """Of up to `batch` due rows, in due order, those for the first one's destination:
         locked in a transaction left open (rolled back when none); SQLite: claimed in a
-        transaction committed (module docstring)."""
-        self.dialect.begin(db)
+        transaction committed (module docstring), opened only after a read found a row due."""
         cursor = db.cursor()
         sqlite = self.dialect.kind == "sqlite"
         if sqlite:
-            cursor.execute(self.take, (_sqlite_time(datetime.now(UTC)), batch))
+            now = _sqlite_time(datetime.now(UTC))
+            # A read first: an idle table takes no write lock on the file (as the movers look).
+            cursor.execute(self.take, (now, 1))
+            if not cursor.fetchall():
+                db.rollback()
+                return []
+            self.dialect.begin(db)
+            cursor.execute(self.take, (now, batch))
         else:
+            self.dialect.begin(db)
             cursor.execute(self.take, (batch,))
         rows = [
             DelayRow(
