@@ -29,6 +29,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.nservicebus.wireformat import format_timestamp
 from bridge.service.movers import MAX_WAIT, MIN_WAIT, DelayedMover
 from bridge.transports import load
+from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
 from bridge.transports.sql.transport import Transport as SqlTransport
 from tests.conftest import unique
@@ -395,15 +396,25 @@ def test_check_connect_finds_bridgedelays_on_the_delays_connection(tmp_path: Pat
     assert bridge("install").returncode == 0
     found = bridge("check", "--connect")
     assert found.returncode == 0, found.stdout
-    assert "lite: OK (BridgeDelays)" in found.stdout
+    assert "lite: OK (BridgeDelays, bridge.error)" in found.stdout
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        db.execute('DROP TABLE "bridge.error"')
+    missing = bridge("check", "--connect")
+    assert missing.returncode == 1, missing.stderr
+    assert (
+        "lite: FAILED: sqlite connection 'lite': table \"bridge.error\", where delayed messages "
+        "that can never be sent go, does not exist (run `bridge install`)"
+    ) in missing.stdout
 
 
-async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_again_later(
+async def test_a_delayed_message_that_can_never_be_sent_goes_to_the_error_queue(
     tmp_path: Path,
 ) -> None:
-    """A row of BridgeDelays its destination refuses for good (a record too large) is put off,
-    and the rows due with it or after it for other destinations go out once each."""
-    from bridge.service.delaying import REFUSED_AGAIN, DelayedProducer, delaying_sink
+    """A row of BridgeDelays its destination refuses for good (a record too large), or whose
+    Headers column cannot be read, goes to the `delays:` connection's error queue (`bridge.error`)
+    with the reason in its headers, and its row is deleted; the rows due with it or after it,
+    for its destination and others, go out once each."""
+    from bridge.service.delaying import DelayedProducer, delaying_sink
 
     config, lite = kafka_delayed_on_sqlite(tmp_path)
     inner = Refusing()
@@ -411,11 +422,16 @@ async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_
     try:
         await lite.install_delay_table()
         due = time.time() + 0.5
-        for topic, message_id in (("a", "good"), ("b", "refused"), ("a", "later")):
+        for topic, message_id in (("a", "good"), ("b", "refused"), ("a", "broken"), ("a", "later")):
             sink = delaying_sink(config, "kafka", topic, None, inner, lambda name: lite)
-            headers = Headers([("NServiceBus.MessageId", message_id)])
+            headers = Headers([("NServiceBus.MessageId", message_id), ("trace", "x")])
             await sink.send([Envelope(headers, b"{}", deliver_at=due)])
             due += 0.2
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute(
+                'UPDATE "BridgeDelays" SET Headers = \'[["NServiceBus.MessageId",\' '
+                "WHERE Headers LIKE '%broken%'"
+            )
         producer = DelayedProducer(lite, lambda connection, address, key: inner)
         running = asyncio.create_task(producer.run(stopping))
         await asyncio.wait_for(inner.later.wait(), timeout=10)
@@ -427,11 +443,21 @@ async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_
         await lite.close()
     assert inner.sent == ["good", "later"]
     with sqlite3.connect(tmp_path / "q.db") as db:
-        ((address, seconds),) = db.execute(
-            "SELECT Address, (julianday(Due) - julianday('now')) * 86400 FROM \"BridgeDelays\""
-        ).fetchall()
-    assert address == "b"
-    assert REFUSED_AGAIN - 30 < seconds <= REFUSED_AGAIN
+        assert db.execute('SELECT count(*) FROM "BridgeDelays"').fetchone() == (0,)
+        copies = [
+            headers_codec.decode(row[0])
+            for row in db.execute('SELECT headers FROM "bridge.error" ORDER BY seq')
+        ]
+    refused, broken = copies
+    assert refused.get("NServiceBus.MessageId") == "refused"
+    assert refused.get("trace") == "x"
+    assert refused.get("NServiceBus.FailedQ") == "b"
+    reason = refused.get("NServiceBus.ExceptionInfo.Message") or ""
+    assert reason.startswith("the delayed message (BridgeDelays row ")
+    assert reason.endswith(") to kafka/b can never be sent: too large")
+    assert broken.get("NServiceBus.FailedQ") == "a"
+    assert broken.get("NServiceBus.Bridge.RawHeaders") == '[["NServiceBus.MessageId",'
+    assert broken.get("NServiceBus.ExceptionInfo.ExceptionType") == "HeadersFormatError"
 
 
 async def test_a_forward_destination_in_another_schema_gets_the_message_there(

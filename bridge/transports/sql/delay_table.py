@@ -11,7 +11,12 @@ other transactions hold are skipped, when taking and when reading the next due t
 several processes compete safely, and one waits while another sends; SQL Server: UPDLOCK,
 READPAST in both), sends them, and
 deletes them in that transaction only after the destination acknowledged them, so a crash
-between the two sends them again (at least once, never lost).
+between the two sends them again (at least once, never lost). A row that can never be sent
+(its destination refuses it for good, its connection is no longer in the config, its Headers
+column cannot be read) goes to the error queue instead: its error-queue copy
+(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers, `NServiceBus.FailedQ`
+its destination) is inserted into the queue table `error_queue` of the same connection
+(`delays: {error_queue}`, `bridge.error` by default) and the row deleted, in one transaction.
 
 SQLite has no row locks: a transaction left open across the send would hold the file's write
 lock, and every other writer of the file (routes, endpoints) would wait for the network. There
@@ -24,13 +29,15 @@ a crash leaves them, and the rows are due again, and sent again, once the claim 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bridge.envelope import Envelope, Headers
+from bridge.envelope import Envelope, Headers, PoisonMessage
 from bridge.errors import HeadersFormatError
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_id
@@ -53,13 +60,18 @@ class DelayRow:
     envelope: Envelope
     #: SQLite: `Due` as it was before the take claimed the row (given back on a failure).
     due: str | None = None
+    #: A row whose Headers column cannot be read: that column and why (the envelope then
+    #: holds the body and no headers); it goes to the error queue (`settle`).
+    unreadable: tuple[str, str] | None = None
 
 
 class DelayTable:
     """The statements of `BridgeDelays` on one dialect, and its row mapping."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, error_queue: str = DEFAULT_ERROR_QUEUE) -> None:
         self.dialect = dialect
+        #: The queue table, on the same connection, of the rows that can never be sent.
+        self.error_queue = error_queue
         d, p = dialect, dialect.placeholder
         t = d.table(TABLE)
         tp = d.param_safe(t)
@@ -139,13 +151,6 @@ class DelayTable:
                 "WHERE Connection = ? AND Address = ?"
             )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
-        if d.kind == "sqlserver":
-            later = "DATEADD(s, ?, GETUTCDATE())"
-        elif d.kind == "postgresql":
-            later = f"now() + {p} * INTERVAL '1 second'"
-        else:
-            later = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ? || ' seconds')"
-        self.postpone = f"UPDATE {tp} SET Due = {later} WHERE Id = {p}"
 
     def store_params(
         self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
@@ -173,17 +178,7 @@ class DelayTable:
         else:
             self.dialect.begin(db)
             cursor.execute(self.take, (batch,))
-        rows = [
-            DelayRow(
-                id=str(row[0]),
-                connection=str(row[1]),
-                address=str(row[2]),
-                key=row[3],
-                envelope=Envelope(read_headers(_text(row[4])), _bytes(row[5])),
-                due=str(row[6]) if sqlite else None,
-            )
-            for row in cursor.fetchall()
-        ]
+        rows = [_row(row, sqlite) for row in cursor.fetchall()]
         if rows:
             to = (rows[0].connection, rows[0].address, rows[0].key)
             rows = [row for row in rows if (row.connection, row.address, row.key) == to]
@@ -221,18 +216,23 @@ class DelayTable:
         return count, due
 
     def settle(
-        self, sent: Sequence[str], refused: Sequence[str], seconds: int, db: DbConnection
+        self, sent: Sequence[str], failed: Sequence[tuple[DelayRow, str]], db: DbConnection
     ) -> None:
-        """In the transaction `take_due` left open (SQLite: a new one): delete the rows sent,
-        make those refused due `seconds` from now (tried again later, never before the rows
-        behind them), and commit."""
+        """In the transaction `take_due` left open (SQLite: a new one): insert the error copy
+        of each failed row (refused for good, or unreadable) into `error_queue` with its
+        reason, delete the rows sent and failed, and commit: copies and deletes together or
+        not at all."""
         if self.dialect.kind == "sqlite":
             self.dialect.begin(db)
         cursor = db.cursor()
-        if refused:
-            cursor.executemany(self.postpone, [(seconds, i) for i in refused])
-        if sent:
-            cursor.executemany(self.delete, [(i,) for i in sent])
+        if failed:
+            d, now, queue = self.dialect, time.time(), self.error_queue
+            copies = [_error_copy(row, reason) for row, reason in failed]
+            rows = [d.send_params(d.layout.outgoing(c, now, address=queue)) for c in copies]
+            cursor.executemany(d.send_statement(db, queue), rows)
+        gone = [*sent, *(row.id for row, _ in failed)]
+        if gone:
+            cursor.executemany(self.delete, [(i,) for i in gone])
         db.commit()
 
     def seconds_to_next_due(self, db: DbConnection) -> float | None:
@@ -243,6 +243,42 @@ class DelayTable:
         finally:
             db.rollback()
         return None if row is None or row[0] is None else float(row[0])
+
+
+def _row(row: Sequence[Any], sqlite: bool) -> DelayRow:
+    text, body = _text(row[4]), _bytes(row[5])
+    try:
+        envelope, unreadable = Envelope(read_headers(text), body), None
+    except HeadersFormatError as exc:
+        envelope, unreadable = Envelope(Headers(), body), (text, str(exc))
+    return DelayRow(
+        id=str(row[0]),
+        connection=str(row[1]),
+        address=str(row[2]),
+        key=row[3],
+        envelope=envelope,
+        due=str(row[6]) if sqlite else None,
+        unreadable=unreadable,
+    )
+
+
+def _error_copy(row: DelayRow, reason: str) -> Envelope:
+    """The error-queue copy of a row that can never be sent: `NServiceBus.FailedQ` is its
+    destination (where it failed to go), the reason names the connection as well."""
+    why = (
+        f"the delayed message ({TABLE} row {row.id}) to {row.connection}/{row.address} can "
+        f"never be sent: {reason}"
+    )
+    if row.unreadable is None:
+        return error_copy(row.envelope, why, row.address)
+    poison = PoisonMessage(
+        raw_headers=row.unreadable[0],
+        body=bytes(row.envelope.body),
+        reason=why,
+        exception_type=HeadersFormatError.__name__,
+        native_id=row.id,
+    )
+    return error_copy(poison, why, row.address)
 
 
 def write_headers(headers: Headers) -> str:
