@@ -386,3 +386,32 @@ def test_bridgedelays_refuses_headers_utf8_cannot_carry() -> None:
         with pytest.raises(HeadersFormatError):
             read_headers(text)
     assert list(read_headers('[["a","\\u00e9"],["a",null]]')) == [("a", "\u00e9"), ("a", None)]
+
+
+def test_bridge_run_moves_the_delayed_table_of_an_endpoint_before_and_after_it_moves() -> None:
+    """README, "Moving an endpoint from SQL Server to RabbitMQ", step 3: Billing's delayed
+    table is moved by `bridge run` while Billing lives on SQL Server (the derived route into
+    its table writes it) and after it moved to RabbitMQ (its table is the proxy a derived route
+    reads), so nothing waits for an endpoint that is stopped."""
+    from bridge.config.models import BridgeConfig
+    from bridge.service.movers import movers
+    from bridge.transports import load
+
+    def moved(billing: str) -> set[tuple[str, str]]:
+        config = BridgeConfig.model_validate(
+            {
+                "connections": {
+                    "legacy": {"type": "sqlserver", "dsn": "Driver=x"},
+                    "rabbit": {"type": "rabbitmq", "url": "amqp://guest:guest@127.0.0.1/"},
+                },
+                "endpoints": {
+                    "Sales": {"connection": "legacy"},
+                    "Billing": {"connection": billing},
+                },
+            }
+        )
+        found = movers(config, config.all_routes, lambda name: load(name, config.connections[name]))
+        return {(m.transport.name, m.address) for m in found}
+
+    assert ("legacy", "Billing") in moved("legacy")
+    assert ("legacy", "Billing") in moved("rabbit")
