@@ -79,14 +79,16 @@ async def _check_delays(config: BridgeConfig, name: str) -> bool:
     """Whether the `delays:` connection's `BridgeDelays` is there (printed either way)."""
     transport = transport_for(config, name)
     assert isinstance(transport, SqlTransport)  # `bridge check` makes sure
+    assert config.delays is not None
+    error_queue = config.delays.error_queue
     try:
-        await transport.check_delay_table()
+        await transport.check_delay_table(error_queue)
     except BridgeError as exc:
         print(f"{name}: FAILED: {exc}")
         return False
     finally:
         await transport.close()
-    print(f"{name}: OK (BridgeDelays)")
+    print(f"{name}: OK (BridgeDelays, {error_queue})")
     return True
 
 
@@ -191,7 +193,10 @@ async def _install_delays(config: BridgeConfig, name: str, print_only: bool) -> 
     transport = transport_for(config, name)
     assert isinstance(transport, SqlTransport)  # `bridge check` makes sure
     try:
-        statements = await transport.install_delay_table(print_only=print_only)
+        assert config.delays is not None
+        statements = await transport.install_delay_table(
+            config.delays.error_queue, print_only=print_only
+        )
     finally:
         await transport.close()
     if print_only:
@@ -199,4 +204,4 @@ async def _install_delays(config: BridgeConfig, name: str, print_only: bool) -> 
         for statement in statements:
             print(statement + "\n")
     else:
-        print(f"{name}: installed BridgeDelays")
+        print(f"{name}: installed BridgeDelays and {config.delays.error_queue}")

@@ -228,6 +228,13 @@ class Delays(Strict):
         description="The SQL connection whose `BridgeDelays` table holds delayed messages for "
         "destinations that cannot delay (Kafka) until they are due.",
     )
+    error_queue: str = Field(
+        DEFAULT_ERROR_QUEUE,
+        min_length=1,
+        description="The queue table on that connection where a delayed message goes, with the "
+        "reason in its headers, when it can never be sent (its destination refuses it for "
+        "good, or its stored row cannot be read); `bridge.error` when omitted.",
+    )
 
 
 class BridgeConfig(Strict):

@@ -26,7 +26,9 @@ A delayed message
     copy carries `NServiceBus.Bridge.DeliverAt` again, the time in NServiceBus's timestamp
     format, so that a retry (back to FailedQ, the Kafka topic it came from) is delayed as the
     message first asked, or refused again for the same reason. The copy itself goes to the
-    error queue at once.
+    error queue at once, and is never delayed on its way: a reader takes the header on a
+    message carrying `NServiceBus.FailedQ` as information (`bridge.transports.kafka.headers`;
+    the SQL and RabbitMQ readers never read it).
 
 Poison messages (headers that cannot be read at all)
     Kafka and RabbitMQ error copies keep the original headers byte for byte and append the

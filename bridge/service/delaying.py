@@ -6,8 +6,12 @@ unless the config names `delays: {connection: NAME}`: then its sink is a `Delayi
 stores such a message in that connection's `BridgeDelays` table
 (`bridge.transports.sql.delay_table`) and sends the others on, and `bridge run` runs a
 `DelayedProducer`, which sends each stored message to its destination when it is due and only
-then deletes its row. A delay waits at most `MAX_WAIT` seconds past its due time (plus the
-send), whether or not the process that stored it still runs.
+then deletes its row (a row that can never be sent goes to the error queue of the `delays:`
+connection instead, `delay_table`). A delay waits at most `MAX_WAIT` seconds past its due
+time (plus the send), whether or not the process that stored it still runs. A look that
+finds a row due but takes none (another producer holds it) waits `MIN_WAIT` seconds before the
+next, twice as long each time that repeats, up to `MAX_WAIT`, as the movers do: the producer
+never polls in a loop.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from bridge.errors import (
     MessageRejected,
     MessagesRejected,
 )
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.nservicebus.delays import DELAY_WITH_TTL, too_long
 from bridge.protocols import Checkpoint, Sink, Transport
-from bridge.service.movers import MAX_BACKOFF, MAX_WAIT
+from bridge.service.movers import MAX_BACKOFF, MAX_WAIT, MIN_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.delay_table import DelayRow, DelayTable
@@ -48,9 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("bridge.delays")
-
-#: Seconds before a delayed message its destination refused for good is tried again.
-REFUSED_AGAIN = 600
 
 
 def longest_delay(config: BridgeConfig, connection: str) -> int | None:
@@ -107,7 +109,11 @@ def delayed_producer(
         return None
     store = transport(config.delays.connection)
     assert isinstance(store, SqlTransport)
-    return DelayedProducer(store, lambda name, address, key: transport(name).sink(address, key=key))
+    return DelayedProducer(
+        store,
+        lambda name, address, key: transport(name).sink(address, key=key),
+        error_queue=config.delays.error_queue,
+    )
 
 
 class DelayingSink:
@@ -185,27 +191,34 @@ class DelayedProducer:
         store: SqlTransport,
         sink: Callable[[str, str, str | None], Sink],
         batch: int = MOVE_BATCH,
+        error_queue: str = DEFAULT_ERROR_QUEUE,
     ) -> None:
         self.store = store
         self._sink = sink
         self._sinks: dict[tuple[str, str, str | None], Sink] = {}
         self.batch = batch
-        self.table = DelayTable(store.dialect)
+        self.table = DelayTable(store.dialect, error_queue)
 
     async def run(self, stopping: asyncio.Event) -> None:
         db = Connection(self.store.dialect, pool=self.store.pool)
         failures = 0
+        stalls = 0  # looks in a row that found a row due and took none
         try:
             while not stopping.is_set():
                 try:
                     if await self._produce_due(db):
-                        failures = 0
+                        failures = stalls = 0
                         await asyncio.sleep(0)
                         continue
                     next_due = await db.run(self.table.seconds_to_next_due)
                     failures = 0
-                    wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    stalls = stalls + 1 if next_due is not None and next_due <= 0 else 0
+                    if stalls:  # due rows another producer holds: look again after a while
+                        wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
+                    else:
+                        wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
                 except BridgeError as exc:
+                    stalls = 0
                     failures += 1
                     wait = min(MAX_BACKOFF, 0.5 * 2**failures)
                     log.warning(
@@ -224,24 +237,40 @@ class DelayedProducer:
         them, in their own transaction (SQLite: claimed first, `delay_table`); whether there
         were any.
 
-        A row its destination refuses for good (a record too large, a connection the config no
-        longer names) is put off by `REFUSED_AGAIN` seconds, logged as an error, and the others
-        of its destination are sent: it never holds up the rows behind it, nor makes them go
-        out again. A failure that may pass rolls everything back (sent again: at least once).
+        A row that can never be sent (its destination refuses it for good, a record too large;
+        a connection the config no longer names; Headers that cannot be read) goes to the
+        error queue of the `delays:` connection with the reason, logged as an error, and the
+        others are sent: it never holds up the rows behind it, nor makes them go out again. A
+        failure that may pass rolls everything back (sent again: at least once).
         """
         taken = await db.run(partial(self.table.take_due, self.batch))
         if not taken:
             return False
         to = (taken[0].connection, taken[0].address, taken[0].key)
+        failed = {i: row.unreadable[1] for i, row in enumerate(taken) if row.unreadable}
+        readable = [i for i in range(len(taken)) if i not in failed]
         try:
-            refused = await self._send(to, taken)
+            refused = await self._send(to, [taken[i] for i in readable])
         except BaseException:
             await self._give_back(db, taken)
             raise
-        sent = [row.id for i, row in enumerate(taken) if i not in refused]
-        ids = [taken[i].id for i in sorted(refused)]
+        failed |= {readable[i]: reason for i, reason in refused.items()}
+        sent = [row.id for i, row in enumerate(taken) if i not in failed]
+        errors = [(taken[i], failed[i]) for i in sorted(failed)]
+        for row, reason in errors:
+            log.error(
+                "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent: %s; it "
+                "goes to %s on connection %r",
+                row.envelope.message_id,
+                row.id,
+                row.connection,
+                row.address,
+                reason,
+                self.table.error_queue,
+                self.store.name,
+            )
         try:
-            await db.run(partial(self.table.settle, sent, ids, REFUSED_AGAIN))
+            await db.run(partial(self.table.settle, sent, errors))
         except BaseException:
             with contextlib.suppress(BridgeError):
                 await db.run(_roll_back)
@@ -256,33 +285,27 @@ class DelayedProducer:
         except BridgeError as exc:
             log.warning("giving back %d delayed message(s) taken failed: %s", len(rows), exc)
 
-    async def _send(self, to: tuple[str, str, str | None], rows: list[DelayRow]) -> set[int]:
-        """Send `rows` to `to`; the indexes of those refused for good."""
+    async def _send(self, to: tuple[str, str, str | None], rows: list[DelayRow]) -> dict[int, str]:
+        """Send `rows` to `to`; the indexes of those refused for good, with the reason."""
+        if not rows:
+            return {}
         sink = self._sinks.get(to)
         if sink is None:
             try:
                 sink = self._sinks[to] = self._sink(*to)
             except KeyError:  # a row stored under a config that had the connection
-                log.error(
-                    "BridgeDelays holds %d message(s) for connection %r, which the config does "
-                    "not name; tried again in %d s",
-                    len(rows),
-                    to[0],
-                    REFUSED_AGAIN,
-                )
-                return set(range(len(rows)))
+                reason = f"the config names no connection {to[0]!r}"
+                return dict.fromkeys(range(len(rows)), reason)
         pending = list(range(len(rows)))
-        refused: set[int] = set()
+        refused: dict[int, str] = {}
         while pending:
             try:
                 await sink.send([rows[i].envelope for i in pending])
                 return refused
             except MessagesRejected as exc:
-                named = {pending[r.index] for r in exc.rejections if r.index is not None}
+                named = {pending[r.index]: str(r) for r in exc.rejections if r.index is not None}
                 if not named:
                     raise
-                for index in named:
-                    self._refused(rows[index], to, str(exc))
                 refused |= named
                 if exc.rest_accepted:
                     return refused
@@ -291,36 +314,25 @@ class DelayedProducer:
                 if exc.index is None:
                     if len(pending) > 1:  # which one: each alone
                         for i in list(pending):
-                            refused |= {i} if await self._send_one(sink, rows[i], to) else set()
+                            why = await self._send_one(sink, rows[i])
+                            if why is not None:
+                                refused[i] = why
                         return refused
                     index = pending[0]
                 else:
                     index = pending[exc.index]
-                self._refused(rows[index], to, str(exc))
-                refused.add(index)
+                refused[index] = str(exc)
                 pending = [i for i in pending if i != index]
         return refused
 
-    async def _send_one(self, sink: Sink, row: DelayRow, to: tuple[str, str, str | None]) -> bool:
-        """Send one row; whether it was refused for good."""
+    @staticmethod
+    async def _send_one(sink: Sink, row: DelayRow) -> str | None:
+        """Send one row; why it was refused for good, None when it was sent."""
         try:
             await sink.send([row.envelope])
-            return False
+            return None
         except MessageRejected as exc:
-            self._refused(row, to, str(exc))
-            return True
-
-    @staticmethod
-    def _refused(row: DelayRow, to: tuple[str, str, str | None], reason: str) -> None:
-        log.error(
-            "delayed message %s to %s/%s refused: %s; it stays in BridgeDelays and is tried "
-            "again in %d s",
-            row.envelope.message_id,
-            to[0],
-            to[1],
-            reason,
-            REFUSED_AGAIN,
-        )
+            return str(exc)
 
 
 def _roll_back(db: DbConnection) -> None:

@@ -16,10 +16,12 @@ of them in one transaction (`MOVE_BATCH`, NServiceBus's default) when there are,
 the database clock, at most `MAX_WAIT` seconds (a row stored meanwhile by another process may be due
 sooner): so a delayed message arrives at most about that late. Movers of several processes and
 NServiceBus's own compete safely: each statement takes the rows it moves (SQL Server: READPAST,
-PostgreSQL: row locks, SQLite: one writer). A failure is logged and the loop tries again after
-a back-off of up to `MAX_BACKOFF` seconds. A table without a delayed table (not installed by
-`bridge install`, or an endpoint's without delayed delivery) is said once and looked for again
-every `MAX_BACKOFF` seconds.
+PostgreSQL: row locks, SQLite: one writer). A move that finds rows due but moves none (another
+transaction holds them) waits `MIN_WAIT` seconds before it looks again, twice as long each time
+that repeats, up to `MAX_WAIT`: it never polls in a loop. A failure is logged and the loop
+tries again after a back-off of up to `MAX_BACKOFF` seconds. A table without a delayed table
+(not installed by `bridge install`, or an endpoint's without delayed delivery) is said once and
+looked for again every `MAX_BACKOFF` seconds.
 """
 
 from __future__ import annotations
@@ -39,12 +41,15 @@ from bridge.transports.sql.delayed import MOVE_BATCH, move_due, move_if_due
 from bridge.transports.sql.dialects.base import DbConnection
 from bridge.transports.sql.transport import Transport as SqlTransport
 
-__all__ = ["MAX_BACKOFF", "MAX_WAIT", "DelayedMover", "movers"]
+__all__ = ["MAX_BACKOFF", "MAX_WAIT", "MIN_WAIT", "DelayedMover", "movers"]
 
 log = logging.getLogger("bridge.movers")
 
 #: The longest wait between two moves of one table, in seconds.
 MAX_WAIT = 1.0
+#: The first wait after a move that moved nothing although rows were due (another transaction
+#: holds them: a competing mover's, an endpoint's), doubled while that lasts, up to `MAX_WAIT`.
+MIN_WAIT = 0.05
 #: The longest wait after a failed move, in seconds.
 MAX_BACKOFF = 30.0
 
@@ -63,6 +68,7 @@ class DelayedMover:
         statements = dialect.delayed_statements(self.address)
         connection = Connection(dialect, pool=self.transport.pool)
         failures = 0
+        stalls = 0  # moves in a row that found rows due and moved none
         missing_said = False
         due_now = False  # rows were due after the last move: move again without a look
         try:
@@ -82,15 +88,22 @@ class DelayedMover:
                             await asyncio.wait_for(stopping.wait(), timeout=MAX_BACKOFF)
                         continue
                     move = move_due if due_now else move_if_due
-                    next_due = await connection.run(
+                    moved = await connection.run(
                         partial(move, dialect, statements, batch=self.batch)
                     )
+                    next_due = moved.next_due
                     due_now = next_due is not None and next_due <= 0
                     self.moves += 1
                     failures = 0
-                    wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    stalls = stalls + 1 if moved.stalled else 0
+                    if stalls:  # due rows someone else holds: look again after a while
+                        due_now = False
+                        wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
+                    else:
+                        wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
                 except BridgeError as exc:
                     due_now = False
+                    stalls = 0
                     failures += 1
                     wait = min(MAX_BACKOFF, 0.5 * 2**failures)
                     log.warning(

@@ -9,6 +9,7 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from bridge.config.models import BridgeConfig
 from bridge.envelope import Envelope, Headers
 from bridge.protocols import Sink
 from bridge.service.delaying import DelayedProducer, delaying_sink
-from bridge.service.movers import MAX_WAIT
+from bridge.service.movers import MAX_WAIT, MIN_WAIT
 from bridge.transports import load
+from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.transport import Transport as SqlTransport
 from tests.conftest import unique
 
@@ -91,6 +93,82 @@ async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
         await store.close()
     print(f"takes of a held row in {2.5 * MAX_WAIT:.1f} s: {len(takes)}")
     assert 1 <= len(takes) <= 4, f"{len(takes)} takes: the producer polls in a loop"
+
+
+async def test_a_producer_that_sees_due_rows_it_cannot_take_waits_between_looks(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A next-due read that sees rows another producer holds (as SQL Server's READPAST alone
+    sees rows under another's update locks), here PostgreSQL's without SKIP LOCKED: each look
+    finds a row due and takes none, and the producer waits `MIN_WAIT`, doubled each time, up
+    to `MAX_WAIT`, instead of looking again at once."""
+    config = config_with_delays(
+        {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}, "127.0.0.1:1"
+    )
+    store = load("db", config.connections["db"])
+    assert isinstance(store, SqlTransport)
+    stopping = asyncio.Event()
+    holder = psycopg.connect(pg_dsn)
+    try:
+        await store.install_delay_table()
+        sink = delaying_sink(config, "kafka", "t", None, Unused(), lambda name: store)
+        await sink.send([message("held", time.time() + 0.05)])
+        await sink.close()
+        await asyncio.sleep(0.1)
+        holder.execute(f'SELECT Id FROM "{pg_schema}"."BridgeDelays" FOR UPDATE').fetchall()
+        producer = DelayedProducer(store, lambda connection, address, key: Unused())
+        producer.table.next_due = (
+            f'SELECT EXTRACT(EPOCH FROM Due - now()) FROM "{pg_schema}"."BridgeDelays" '
+            "ORDER BY Due LIMIT 1"
+        )
+        takes: list[float] = []
+        producer.table.take_due = counting(producer.table.take_due, takes)  # type: ignore[method-assign]
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.sleep(2.5 * MAX_WAIT)
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        holder.rollback()
+        holder.close()
+        await store.close()
+    print(f"takes of a held row seen due in {2.5 * MAX_WAIT:.1f} s: {len(takes)}")
+    # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
+    assert MIN_WAIT == 0.05
+    assert 1 <= len(takes) <= 8, f"{len(takes)} takes: the producer polls in a loop"
+
+
+async def test_an_idle_sqlite_producer_takes_no_write_lock(tmp_path: Path) -> None:
+    """A look at `BridgeDelays` that finds nothing due is a read (SQLite's write lock covers
+    the whole file, and the producer looks about once a second): it returns at once while
+    another writer holds the file, instead of waiting for the lock and failing."""
+    path = tmp_path / "q.db"
+    config = config_with_delays(
+        {"type": "sqlite", "path": str(path), "busy_timeout": 0.5}, "127.0.0.1:1"
+    )
+    store = load("db", config.connections["db"])
+    assert isinstance(store, SqlTransport)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await store.install_delay_table()
+        sink = delaying_sink(config, "kafka", "t", None, Unused(), lambda name: store)
+        await sink.send([message("later", time.time() + 3600)])
+        await sink.close()
+        other.execute("BEGIN IMMEDIATE")
+        producer = DelayedProducer(store, lambda connection, address, key: Unused())
+        db = Connection(store.dialect, pool=store.pool)
+        try:
+            started = time.monotonic()
+            taken = await db.run(partial(producer.table.take_due, 10))
+            took = time.monotonic() - started
+        finally:
+            await db.close()
+    finally:
+        other.rollback()
+        other.close()
+        await store.close()
+    assert taken == []
+    assert took < 0.4, f"{took:.2f} s: the look waited for the write lock"
 
 
 class Unused:

@@ -27,8 +27,9 @@ import pytest
 from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.nservicebus.wireformat import format_timestamp
-from bridge.service.movers import DelayedMover
+from bridge.service.movers import MAX_WAIT, MIN_WAIT, DelayedMover
 from bridge.transports import load
+from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.delayed import FORWARD_DESTINATION, store_params
 from bridge.transports.sql.transport import Transport as SqlTransport
 from tests.conftest import unique
@@ -395,15 +396,25 @@ def test_check_connect_finds_bridgedelays_on_the_delays_connection(tmp_path: Pat
     assert bridge("install").returncode == 0
     found = bridge("check", "--connect")
     assert found.returncode == 0, found.stdout
-    assert "lite: OK (BridgeDelays)" in found.stdout
+    assert "lite: OK (BridgeDelays, bridge.error)" in found.stdout
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        db.execute('DROP TABLE "bridge.error"')
+    missing = bridge("check", "--connect")
+    assert missing.returncode == 1, missing.stderr
+    assert (
+        "lite: FAILED: sqlite connection 'lite': table \"bridge.error\", where delayed messages "
+        "that can never be sent go, does not exist (run `bridge install`)"
+    ) in missing.stdout
 
 
-async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_again_later(
+async def test_a_delayed_message_that_can_never_be_sent_goes_to_the_error_queue(
     tmp_path: Path,
 ) -> None:
-    """A row of BridgeDelays its destination refuses for good (a record too large) is put off,
-    and the rows due with it or after it for other destinations go out once each."""
-    from bridge.service.delaying import REFUSED_AGAIN, DelayedProducer, delaying_sink
+    """A row of BridgeDelays its destination refuses for good (a record too large), or whose
+    Headers column cannot be read, goes to the `delays:` connection's error queue (`bridge.error`)
+    with the reason in its headers, and its row is deleted; the rows due with it or after it,
+    for its destination and others, go out once each."""
+    from bridge.service.delaying import DelayedProducer, delaying_sink
 
     config, lite = kafka_delayed_on_sqlite(tmp_path)
     inner = Refusing()
@@ -411,11 +422,16 @@ async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_
     try:
         await lite.install_delay_table()
         due = time.time() + 0.5
-        for topic, message_id in (("a", "good"), ("b", "refused"), ("a", "later")):
+        for topic, message_id in (("a", "good"), ("b", "refused"), ("a", "broken"), ("a", "later")):
             sink = delaying_sink(config, "kafka", topic, None, inner, lambda name: lite)
-            headers = Headers([("NServiceBus.MessageId", message_id)])
+            headers = Headers([("NServiceBus.MessageId", message_id), ("trace", "x")])
             await sink.send([Envelope(headers, b"{}", deliver_at=due)])
             due += 0.2
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute(
+                'UPDATE "BridgeDelays" SET Headers = \'[["NServiceBus.MessageId",\' '
+                "WHERE Headers LIKE '%broken%'"
+            )
         producer = DelayedProducer(lite, lambda connection, address, key: inner)
         running = asyncio.create_task(producer.run(stopping))
         await asyncio.wait_for(inner.later.wait(), timeout=10)
@@ -427,11 +443,21 @@ async def test_a_delayed_message_refused_for_good_holds_up_nothing_and_is_tried_
         await lite.close()
     assert inner.sent == ["good", "later"]
     with sqlite3.connect(tmp_path / "q.db") as db:
-        ((address, seconds),) = db.execute(
-            "SELECT Address, (julianday(Due) - julianday('now')) * 86400 FROM \"BridgeDelays\""
-        ).fetchall()
-    assert address == "b"
-    assert REFUSED_AGAIN - 30 < seconds <= REFUSED_AGAIN
+        assert db.execute('SELECT count(*) FROM "BridgeDelays"').fetchone() == (0,)
+        copies = [
+            headers_codec.decode(row[0])
+            for row in db.execute('SELECT headers FROM "bridge.error" ORDER BY seq')
+        ]
+    refused, broken = copies
+    assert refused.get("NServiceBus.MessageId") == "refused"
+    assert refused.get("trace") == "x"
+    assert refused.get("NServiceBus.FailedQ") == "b"
+    reason = refused.get("NServiceBus.ExceptionInfo.Message") or ""
+    assert reason.startswith("the delayed message (BridgeDelays row ")
+    assert reason.endswith(") to kafka/b can never be sent: too large")
+    assert broken.get("NServiceBus.FailedQ") == "a"
+    assert broken.get("NServiceBus.Bridge.RawHeaders") == '[["NServiceBus.MessageId",'
+    assert broken.get("NServiceBus.ExceptionInfo.ExceptionType") == "HeadersFormatError"
 
 
 async def test_a_forward_destination_in_another_schema_gets_the_message_there(
@@ -508,3 +534,88 @@ async def test_a_forward_destination_in_another_schema_gets_the_message_there(
     assert nowhere == "nowhere" and "does not exist" in reason
     ((other, reason),) = poison["lite"]
     assert other == "other" and "SQLite" in reason and "main" in reason
+
+
+def nginn_postgresql(pg_dsn: str, pg_schema: str) -> SqlTransport:
+    from bridge.transports.sql.config import PostgresConnection
+
+    config = PostgresConnection.model_validate(
+        {
+            "type": "postgresql",
+            "dsn": pg_dsn,
+            "schema": pg_schema,
+            "layout": "nginn",
+            "nginn": {"alias": "ng", "timezone": "UTC", "retries": True},
+        }
+    )
+    transport = load("ng", config)
+    assert isinstance(transport, SqlTransport)
+    return transport
+
+
+async def moves_while_a_due_r_row_is_held(
+    transport: SqlTransport, pg_dsn: str, pg_schema: str, seconds: float
+) -> int:
+    """Rounds a mover of NGinn table `Q` runs in `seconds` while its only `R` row, due, is
+    held (FOR UPDATE) by another transaction."""
+    holder = psycopg.connect(pg_dsn)
+    stopping = asyncio.Event()
+    try:
+        await transport.install(["Q"])
+        holder.execute(
+            f'INSERT INTO "{pg_schema}"."Q" (from_endpoint, to_endpoint, subqueue, insert_time, '
+            "retry_count, retry_time, msg_text, msg_headers) VALUES ('a', 'sql://ng/Q', 'R', "
+            "now() AT TIME ZONE 'UTC', 0, now() AT TIME ZONE 'UTC' - interval '1 s', '{}', '')"
+        )
+        holder.commit()
+        holder.execute(f'SELECT id FROM "{pg_schema}"."Q" FOR UPDATE').fetchall()
+        mover = DelayedMover(transport, "Q")
+        running = asyncio.create_task(mover.run(stopping))
+        await asyncio.sleep(seconds)
+        stopping.set()
+        await running
+        return mover.moves
+    finally:
+        stopping.set()
+        holder.rollback()
+        holder.close()
+        await transport.close()
+
+
+async def test_an_nginn_postgresql_mover_waits_while_the_due_r_row_is_held_by_another(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """The NGinn mover takes `R` rows FOR UPDATE SKIP LOCKED, and reads the next due time
+    skipping them alike: a due `R` row another transaction holds is not due for this mover,
+    which waits `MAX_WAIT` between looks instead of looking again at once (thousands of rounds
+    a second), as the BridgeDelays producer waits
+    (test_bridge_delays_producer.py)."""
+    transport = nginn_postgresql(pg_dsn, pg_schema)
+    moves = await moves_while_a_due_r_row_is_held(transport, pg_dsn, pg_schema, 2.5 * MAX_WAIT)
+    assert moves <= 4, f"{moves} moves in {2.5 * MAX_WAIT:.1f} s: the mover polls in a loop"
+
+
+async def test_a_mover_that_sees_due_rows_it_cannot_take_waits_between_looks(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A look that sees rows another transaction holds (as SQL Server's READPAST sees rows
+    under another's update lock), here NGinn's next due time read without skipping them: each
+    move finds a row due and moves none, and the mover waits `MIN_WAIT`, doubled each time,
+    up to `MAX_WAIT`, instead of moving again at once."""
+    from dataclasses import replace
+
+    transport = nginn_postgresql(pg_dsn, pg_schema)
+    dialect = transport.dialect
+    looks_at_held_rows = replace(
+        dialect.delayed_statements("Q"),
+        next_due=(
+            "SELECT EXTRACT(EPOCH FROM min(retry_time) - (now() AT TIME ZONE 'UTC')) "
+            f'FROM "{pg_schema}"."Q" WHERE subqueue = \'R\''
+        ),
+    )
+    dialect.delayed_statements = lambda address: looks_at_held_rows  # type: ignore[method-assign]
+    seconds = 2.5 * MAX_WAIT
+    moves = await moves_while_a_due_r_row_is_held(transport, pg_dsn, pg_schema, seconds)
+    # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
+    assert MIN_WAIT == 0.05
+    assert moves <= 8, f"{moves} moves in {seconds:.1f} s: the mover polls in a loop"

@@ -75,3 +75,45 @@ def test_a_request_that_is_not_a_time_makes_the_record_poison() -> None:
     """Sent on at once it could arrive early: the error queue gets it, with the reason."""
     with pytest.raises(HeadersFormatError, match=r"NServiceBus\.Bridge\.DeliverAt of record t/0/7"):
         record((DELIVER_AT, b"soon"))
+
+
+def test_an_error_copy_read_back_from_a_kafka_error_topic_is_not_delayed_again() -> None:
+    """A Kafka source's error copies go to a Kafka topic (kafka/deadletter.py) carrying
+    `NServiceBus.Bridge.DeliverAt` (deadletter.py, "A delayed message"). A route reading that
+    topic (the registry's `error` proxy on its way to ServiceControl) forwards the copy at once,
+    the header kept as information, as it reads no deadline on copies (`never_expires`): a
+    copy delayed a year would reach ServiceControl a year late, and a copy refused as "delayed
+    too long" would be refused again and again."""
+    from bridge.nservicebus.deadletter import error_copy
+    from bridge.transports.kafka.headers import DEFAULT_KEY, outgoing
+
+    year = 365 * 86_400
+    original = Envelope(Headers([("NServiceBus.MessageId", "m")]), b"{}", deliver_at=NOW + year)
+    copy = error_copy(original, "refused", "orders")
+    written = outgoing(copy, DEFAULT_KEY, NOW)
+    again = incoming("bridge.error", 0, 0, written.key, written.value, written.headers)
+    assert again.headers.get("NServiceBus.FailedQ") == "orders"
+    assert again.deliver_at is None
+    assert again.headers.get(DELIVER_AT) == "2026-11-26 10:00:00:000000 Z"
+    poison_request = record(("NServiceBus.FailedQ", b"orders"), (DELIVER_AT, b"soon"))
+    assert poison_request.deliver_at is None  # information: not read, so never poison
+
+
+def test_sql_and_rabbitmq_readers_never_read_the_delay_request() -> None:
+    """Only a Kafka record asks for a delay with a header: a SQL row or an AMQP message
+    carrying `NServiceBus.Bridge.DeliverAt` (an error copy, say) is read without a delay."""
+    import pika
+
+    from bridge.transports.rabbitmq.headers import incoming as amqp_incoming
+    from bridge.transports.sql.layouts.base import QueueRow
+    from bridge.transports.sql.layouts.base import incoming as sql_incoming
+
+    asked = "2099-01-01T00:00:00Z"
+    column = f'{{"NServiceBus.MessageId":"m","{DELIVER_AT}":"{asked}"}}'
+    row = sql_incoming(QueueRow("1", False, column, b"{}", None), NOW)
+    assert isinstance(row, Envelope)
+    properties = pika.BasicProperties(message_id="m", headers={DELIVER_AT: asked.encode()})
+    message = amqp_incoming(properties, b"{}", NOW)
+    for read in (row, message):
+        assert read.deliver_at is None
+        assert read.headers.get(DELIVER_AT) == asked

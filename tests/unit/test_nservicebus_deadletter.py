@@ -113,8 +113,10 @@ def test_an_error_copy_that_fails_again_keeps_its_own_failure_headers() -> None:
 
 def test_the_error_copy_of_a_delayed_message_keeps_its_delay_request() -> None:
     """A Kafka record's `NServiceBus.Bridge.DeliverAt` is removed when it is read (it becomes
-    `deliver_at`); the error copy writes it again, so that a retry to the topic is delayed as
-    first asked. The copy itself is not delayed."""
+    `deliver_at`); the error copy writes it again, so that a retry to the topic (the failure
+    headers removed, as ServicePulse's retry sends it) is delayed as first asked. The copy
+    itself is not delayed, neither when made nor when read back from a Kafka error topic on
+    its way to ServiceControl: there the header is information."""
     from bridge.transports.kafka.headers import DELIVER_AT, incoming, outgoing
 
     due = 1_900_000_000.123456
@@ -123,7 +125,12 @@ def test_the_error_copy_of_a_delayed_message_keeps_its_delay_request() -> None:
     copy = error_copy(asked, "refused", "t")
     assert copy.deliver_at is None
     record = outgoing(copy, "none", due - 100)
-    retried = incoming("t", 0, 8, None, record.value, record.headers)
+    read_back = incoming("bridge.error", 0, 8, None, record.value, record.headers)
+    assert read_back.deliver_at is None
+    assert read_back.headers.get(DELIVER_AT) == copy.headers.get(DELIVER_AT)
+    failure = ("NServiceBus.FailedQ", "NServiceBus.ExceptionInfo.", "NServiceBus.TimeOfFailure")
+    retry = [(n, v) for n, v in record.headers if not n.startswith(failure)]
+    retried = incoming("t", 0, 9, None, record.value, retry)
     assert retried.deliver_at == due
     plain = error_copy(Envelope(Headers([("NServiceBus.MessageId", "m")]), b""), "x", "t")
     assert DELIVER_AT not in plain.headers

@@ -10,6 +10,7 @@ NServiceBus.SqlServer: src/NServiceBus.Transport.SqlServer/Queuing/SqlServerCons
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -218,6 +219,31 @@ def test_a_store_carries_the_destination_and_the_delay_as_timespan_parts() -> No
     assert headers_codec.decode(pg[5]).get(FORWARD_DESTINATION) == '"public"."Sales"'
 
 
+def test_a_sql_server_queue_takes_its_own_forward_destination_without_catalog() -> None:
+    """Without `catalog:` (the database from the DSN) the bridge stores a delay for `D` with
+    ForwardDestination `D@[dbo]@[<database>]` (the canonical address, sqlserver.py), as an
+    NServiceBus endpoint does (StoreDelayedMessageCommand.cs:18). A source reading `D` takes
+    it as its own (header stripped, forwarded over the route), not as a row for another queue
+    to insert into `D` again (an extra hop behind the rows queued meanwhile); `D` in another
+    catalog of the server is still another queue."""
+    from bridge.transports.sql.addresses import address_key
+    from bridge.transports.sql.forward import Forwards
+
+    dialect = sqlserver(catalog=None)
+    dialect.database = "nservicebus"  # as after its first connection (DB_NAME())
+    envelope = Envelope(Headers([("NServiceBus.MessageId", "m")]), b"{}")
+    stored = headers_codec.decode(store_params(dialect, envelope, 1000, "D", 0.0)[0])
+    assert stored.get(FORWARD_DESTINATION) == "D@[dbo]@[nservicebus]"
+    moved = Envelope(stored, b"{}")
+    no_database: Any = None  # its own row is taken without a statement
+    assert Forwards(dialect, "D").take(moved, no_database) is moved
+    assert FORWARD_DESTINATION not in moved.headers
+    config = dialect.config
+    own = address_key(config, "D", "nservicebus")
+    assert address_key(config, "D@[DBO]@[NServiceBus]", "nservicebus") == own
+    assert address_key(config, "D@[dbo]@[other]", "nservicebus") != own
+
+
 def test_install_creates_each_tables_delayed_table_after_it() -> None:
     config = SqlServerConnection.model_validate(
         {"type": "sqlserver", "dsn": "Driver=x", "catalog": "nservicebus"}
@@ -293,3 +319,99 @@ def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
         (tree,) = parse(statement)
         names = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table)}
         assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement
+
+
+def test_sql_server_bridgedelays_next_due_skips_the_rows_other_producers_take() -> None:
+    """A take holds its rows with update locks (UPDLOCK, READPAST); READPAST alone skips only
+    rows under exclusive locks, so a next-due read with it alone would see a row another
+    producer holds, due, and the producer would look again at once, in a loop. The read skips
+    them as the take does."""
+    from bridge.transports.sql.delay_table import DelayTable
+
+    def hints(statement: str) -> set[str]:
+        (tree,) = parse(statement)
+        table = tree.find(exp.Table)
+        assert table is not None
+        return {v.name.upper() for h in table.args.get("hints") or [] for v in h.expressions}
+
+    table = DelayTable(sqlserver())
+    assert hints(table.take) == {"UPDLOCK", "READPAST", "ROWLOCK"}
+    assert hints(table.next_due) == hints(table.take)
+
+
+def test_a_message_waiting_in_bridgedelays_keeps_its_duplicate_headers(tmp_path: Path) -> None:
+    """Kafka headers are a multimap, and a record sent on at once keeps duplicates and nulls
+    (kafka/sink.py, "What is lossy"); delayed through `BridgeDelays` it keeps them too: the
+    Headers column is a list of pairs, not a JSON object (whose names would collapse)."""
+    from bridge.transports.sql.config import SqliteConnection
+    from bridge.transports.sql.delay_table import DelayTable
+    from bridge.transports.sql.dialects.sqlite import SqliteDialect
+
+    config = SqliteConnection.model_validate({"type": "sqlite", "path": str(tmp_path / "d.db")})
+    dialect = SqliteDialect("lite", config)
+    table = DelayTable(dialect)
+    headers = Headers(
+        [("NServiceBus.MessageId", "m"), ("trace", "a"), ("trace", "b"), ("none", None)]
+    )
+    db = dialect.connect()
+    try:
+        for statement in table.create:
+            db.cursor().execute(statement)
+        stored = table.store_params(Envelope(headers, b"{}"), -1000, "kafka", "topic", None)
+        old_form = (
+            *table.store_params(Envelope(headers, b"{}"), -500, "kafka", "topic", None)[:4],
+            '{"NServiceBus.MessageId":"old","trace":"x"}',
+            b"{}",
+            -500,
+        )
+        dialect.begin(db)
+        db.cursor().executemany(table.store, [stored, old_form])
+        db.commit()
+        taken = table.take_due(10, db)
+    finally:
+        db.close()
+    assert [list(row.envelope.headers) for row in taken] == [
+        list(headers),
+        [("NServiceBus.MessageId", "old"), ("trace", "x")],
+    ]
+
+
+def test_bridgedelays_refuses_headers_utf8_cannot_carry() -> None:
+    from bridge.errors import HeadersFormatError
+    from bridge.transports.sql.delay_table import read_headers, write_headers
+
+    with pytest.raises(HeadersFormatError, match="UTF-8"):
+        write_headers(Headers([("a", "\ud800")]))
+    for text in ('[["a","\\ud800"]]', '[["a",1]]', '{"a":1}', "[["):
+        with pytest.raises(HeadersFormatError):
+            read_headers(text)
+    assert list(read_headers('[["a","\\u00e9"],["a",null]]')) == [("a", "\u00e9"), ("a", None)]
+
+
+def test_bridge_run_moves_the_delayed_table_of_an_endpoint_before_and_after_it_moves() -> None:
+    """README, "Moving an endpoint from SQL Server to RabbitMQ", step 3: Billing's delayed
+    table is moved by `bridge run` while Billing lives on SQL Server (the derived route into
+    its table writes it) and after it moved to RabbitMQ (its table is the proxy a derived route
+    reads), so nothing waits for an endpoint that is stopped."""
+    from bridge.config.models import BridgeConfig
+    from bridge.service.movers import movers
+    from bridge.transports import load
+
+    def moved(billing: str) -> set[tuple[str, str]]:
+        config = BridgeConfig.model_validate(
+            {
+                "connections": {
+                    "legacy": {"type": "sqlserver", "dsn": "Driver=x"},
+                    "rabbit": {"type": "rabbitmq", "url": "amqp://guest:guest@127.0.0.1/"},
+                },
+                "endpoints": {
+                    "Sales": {"connection": "legacy"},
+                    "Billing": {"connection": billing},
+                },
+            }
+        )
+        found = movers(config, config.all_routes, lambda name: load(name, config.connections[name]))
+        return {(m.transport.name, m.address) for m in found}
+
+    assert ("legacy", "Billing") in moved("legacy")
+    assert ("legacy", "Billing") in moved("rabbit")

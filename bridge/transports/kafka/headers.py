@@ -23,7 +23,11 @@ Delays: Kafka holds no delayed message. A producer asks for one with the record 
 NServiceBus's timestamp format, before which the message must not reach its destination. On
 read it becomes the envelope's `deliver_at` and is removed; the destination delays the message
 by its own means, or refuses it (`bridge.nservicebus.delays`). One that does not parse makes
-the record poison: sent on at once, it could arrive early. It is never written.
+the record poison: sent on at once, it could arrive early. The bridge never writes it, except
+on the error-queue copy of a delayed message (`bridge.nservicebus.deadletter`): a record with
+`NServiceBus.FailedQ` (an error copy) is never delayed, and the header stays on it as
+information, so the copy reaches ServiceControl at once and a retry, which drops the failure
+headers, asks for the delay again.
 
 Read: headers come back in order with duplicates and nulls. A record without
 `NServiceBus.MessageId` gets a deterministic one, uuid5 of `RECORD_ID_NAMESPACE` and
@@ -52,7 +56,7 @@ from typing import Any, NamedTuple
 from bridge.envelope import MESSAGE_ID, Envelope, Headers, PoisonMessage
 from bridge.errors import ConfigError, HeadersFormatError
 from bridge.nservicebus.delays import DELIVER_AT, parse_delivery_request
-from bridge.nservicebus.lifetime import expires_at, never_expires
+from bridge.nservicebus.lifetime import FAILED_Q, expires_at, never_expires
 from bridge.nservicebus.wireformat import format_timestamp, timestamp_seconds
 
 __all__ = [
@@ -174,7 +178,7 @@ def incoming(
             deadline = _deadline(last[EXPIRES_AT])
         items = [(name, text) for name, text in items if name != EXPIRES_AT]
     due: float | None = None
-    if DELIVER_AT in last:
+    if DELIVER_AT in last and FAILED_Q not in last:  # on an error copy: information only
         text = last[DELIVER_AT]
         try:
             due = parse_delivery_request(text or "")

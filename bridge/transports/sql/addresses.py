@@ -124,13 +124,18 @@ def _nservicebus_address(connection: SqlConnection, table: str) -> str:
     return f"{double_quote(schema)}.{double_quote(table)}"
 
 
-def address_key(connection: SqlConnection, address: str) -> AddressKey:
-    """What identifies the table `address` names on `connection`, parts left out filled in."""
+def address_key(connection: SqlConnection, address: str, database: str | None = None) -> AddressKey:
+    """What identifies the table `address` names on `connection`, parts left out filled in.
+    `database` (SQL Server): the connection's database when known, which the config may leave
+    to the DSN (the dialect's `database` once connected); a catalog naming it is the
+    connection's own, as the canonical addresses the connection writes name it."""
     table_ = nginn_table(connection, address)
     if table_ is not None:  # NGinn's form names the table its NServiceBus form names
         address = _nservicebus_address(connection, table_)
     if connection.type == "sqlserver":  # schemas and catalogs compare as SQL Server does
         table, schema, catalog = parse_sqlserver(address)
+        if catalog and database and catalog.casefold() == database.casefold():
+            catalog = None
         schema, catalog = schema or connection.schema_, catalog or connection.catalog
         return table, schema.casefold(), None if catalog is None else catalog.casefold()
     table, schema = parse_postgresql(address)

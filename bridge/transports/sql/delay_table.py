@@ -3,13 +3,20 @@
 The table is this project's own, on the SQL connection `delays: {connection}` names
 (messaging-bridge.md §4), next to its queue tables; `bridge install` creates it. A row holds one
 message: the destination (connection name, address, the route's record key setting), the
-headers (the Headers column's JSON, `bridge.transports.sql.headers`), the body and when it is
-due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
+headers (a JSON array of [name, value] pairs, in order with duplicates and nulls, as a Kafka
+record carries them; a JSON object, the SQL Headers column's form, is read too), the body and
+when it is due, by the database clock (`Due`: UTC; SQLite: ISO 8601 text). `bridge.service.delaying`
 stores rows and produces them when due: it takes a batch of due rows in a transaction (rows
 other transactions hold are skipped, when taking and when reading the next due time alike:
-several processes compete safely, and one waits while another sends), sends them, and
+several processes compete safely, and one waits while another sends; SQL Server: UPDLOCK,
+READPAST in both), sends them, and
 deletes them in that transaction only after the destination acknowledged them, so a crash
-between the two sends them again (at least once, never lost).
+between the two sends them again (at least once, never lost). A row that can never be sent
+(its destination refuses it for good, its connection is no longer in the config, its Headers
+column cannot be read) goes to the error queue instead: its error-queue copy
+(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers, `NServiceBus.FailedQ`
+its destination) is inserted into the queue table `error_queue` of the same connection
+(`delays: {error_queue}`, `bridge.error` by default) and the row deleted, in one transaction.
 
 SQLite has no row locks: a transaction left open across the send would hold the file's write
 lock, and every other writer of the file (routes, endpoints) would wait for the network. There
@@ -21,17 +28,21 @@ a crash leaves them, and the rows are due again, and sent again, once the claim 
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bridge.envelope import Envelope
+from bridge.envelope import Envelope, Headers, PoisonMessage
+from bridge.errors import HeadersFormatError
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE, error_copy
 from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_id
 
-__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable"]
+__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable", "read_headers", "write_headers"]
 
 TABLE = "BridgeDelays"
 #: SQLite: seconds a taken row is claimed for its send, far beyond what a send takes (Kafka's
@@ -49,13 +60,18 @@ class DelayRow:
     envelope: Envelope
     #: SQLite: `Due` as it was before the take claimed the row (given back on a failure).
     due: str | None = None
+    #: A row whose Headers column cannot be read: that column and why (the envelope then
+    #: holds the body and no headers); it goes to the error queue (`settle`).
+    unreadable: tuple[str, str] | None = None
 
 
 class DelayTable:
     """The statements of `BridgeDelays` on one dialect, and its row mapping."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, error_queue: str = DEFAULT_ERROR_QUEUE) -> None:
         self.dialect = dialect
+        #: The queue table, on the same connection, of the rows that can never be sent.
+        self.error_queue = error_queue
         d, p = dialect, dialect.placeholder
         t = d.table(TABLE)
         tp = d.param_safe(t)
@@ -78,9 +94,11 @@ class DelayTable:
                 f"SELECT TOP(?) {taken} FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
                 "WHERE Due <= GETUTCDATE() ORDER BY Due"
             )
+            # UPDLOCK as `take` has it: READPAST alone skips only rows under exclusive locks,
+            # and would read the rows another producer's take holds (update locks).
             self.next_due = (
                 "SELECT TOP 1 (CAST(Due AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
-                f"FROM {t} WITH (READPAST) ORDER BY Due"
+                f"FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY Due"
             )
             self.waiting = (
                 "SELECT count(*), (CAST(min(Due) AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
@@ -133,44 +151,34 @@ class DelayTable:
                 "WHERE Connection = ? AND Address = ?"
             )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
-        if d.kind == "sqlserver":
-            later = "DATEADD(s, ?, GETUTCDATE())"
-        elif d.kind == "postgresql":
-            later = f"now() + {p} * INTERVAL '1 second'"
-        else:
-            later = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ? || ' seconds')"
-        self.postpone = f"UPDATE {tp} SET Due = {later} WHERE Id = {p}"
 
     def store_params(
         self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
     ) -> Sequence[Any]:
         """HeadersFormatError where the row cannot hold the headers."""
-        headers = headers_codec.write(envelope.headers)
+        headers = write_headers(envelope.headers)
         row = (new_id(), connection, address, key, headers, bytes(envelope.body))
         return (*row, due_ms, due_ms) if self.dialect.kind == "sqlserver" else (*row, due_ms)
 
     def take_due(self, batch: int, db: DbConnection) -> list[DelayRow]:
         """Of up to `batch` due rows, in due order, those for the first one's destination:
         locked in a transaction left open (rolled back when none); SQLite: claimed in a
-        transaction committed (module docstring)."""
-        self.dialect.begin(db)
+        transaction committed (module docstring), opened only after a read found a row due."""
         cursor = db.cursor()
         sqlite = self.dialect.kind == "sqlite"
         if sqlite:
-            cursor.execute(self.take, (_sqlite_time(datetime.now(UTC)), batch))
+            now = _sqlite_time(datetime.now(UTC))
+            # A read first: an idle table takes no write lock on the file (as the movers look).
+            cursor.execute(self.take, (now, 1))
+            if not cursor.fetchall():
+                db.rollback()
+                return []
+            self.dialect.begin(db)
+            cursor.execute(self.take, (now, batch))
         else:
+            self.dialect.begin(db)
             cursor.execute(self.take, (batch,))
-        rows = [
-            DelayRow(
-                id=str(row[0]),
-                connection=str(row[1]),
-                address=str(row[2]),
-                key=row[3],
-                envelope=Envelope(headers_codec.decode(_text(row[4])), _bytes(row[5])),
-                due=str(row[6]) if sqlite else None,
-            )
-            for row in cursor.fetchall()
-        ]
+        rows = [_row(row, sqlite) for row in cursor.fetchall()]
         if rows:
             to = (rows[0].connection, rows[0].address, rows[0].key)
             rows = [row for row in rows if (row.connection, row.address, row.key) == to]
@@ -208,18 +216,23 @@ class DelayTable:
         return count, due
 
     def settle(
-        self, sent: Sequence[str], refused: Sequence[str], seconds: int, db: DbConnection
+        self, sent: Sequence[str], failed: Sequence[tuple[DelayRow, str]], db: DbConnection
     ) -> None:
-        """In the transaction `take_due` left open (SQLite: a new one): delete the rows sent,
-        make those refused due `seconds` from now (tried again later, never before the rows
-        behind them), and commit."""
+        """In the transaction `take_due` left open (SQLite: a new one): insert the error copy
+        of each failed row (refused for good, or unreadable) into `error_queue` with its
+        reason, delete the rows sent and failed, and commit: copies and deletes together or
+        not at all."""
         if self.dialect.kind == "sqlite":
             self.dialect.begin(db)
         cursor = db.cursor()
-        if refused:
-            cursor.executemany(self.postpone, [(seconds, i) for i in refused])
-        if sent:
-            cursor.executemany(self.delete, [(i,) for i in sent])
+        if failed:
+            d, now, queue = self.dialect, time.time(), self.error_queue
+            copies = [_error_copy(row, reason) for row, reason in failed]
+            rows = [d.send_params(d.layout.outgoing(c, now, address=queue)) for c in copies]
+            cursor.executemany(d.send_statement(db, queue), rows)
+        gone = [*sent, *(row.id for row, _ in failed)]
+        if gone:
+            cursor.executemany(self.delete, [(i,) for i in gone])
         db.commit()
 
     def seconds_to_next_due(self, db: DbConnection) -> float | None:
@@ -230,6 +243,83 @@ class DelayTable:
         finally:
             db.rollback()
         return None if row is None or row[0] is None else float(row[0])
+
+
+def _row(row: Sequence[Any], sqlite: bool) -> DelayRow:
+    text, body = _text(row[4]), _bytes(row[5])
+    try:
+        envelope, unreadable = Envelope(read_headers(text), body), None
+    except HeadersFormatError as exc:
+        envelope, unreadable = Envelope(Headers(), body), (text, str(exc))
+    return DelayRow(
+        id=str(row[0]),
+        connection=str(row[1]),
+        address=str(row[2]),
+        key=row[3],
+        envelope=envelope,
+        due=str(row[6]) if sqlite else None,
+        unreadable=unreadable,
+    )
+
+
+def _error_copy(row: DelayRow, reason: str) -> Envelope:
+    """The error-queue copy of a row that can never be sent: `NServiceBus.FailedQ` is its
+    destination (where it failed to go), the reason names the connection as well."""
+    why = (
+        f"the delayed message ({TABLE} row {row.id}) to {row.connection}/{row.address} can "
+        f"never be sent: {reason}"
+    )
+    if row.unreadable is None:
+        return error_copy(row.envelope, why, row.address)
+    poison = PoisonMessage(
+        raw_headers=row.unreadable[0],
+        body=bytes(row.envelope.body),
+        reason=why,
+        exception_type=HeadersFormatError.__name__,
+        native_id=row.id,
+    )
+    return error_copy(poison, why, row.address)
+
+
+def write_headers(headers: Headers) -> str:
+    """The Headers column: a JSON array of [name, value] pairs in order, duplicates and nulls
+    kept (a Kafka record's headers are a multimap); HeadersFormatError for a name or value
+    UTF-8 cannot carry (a lone surrogate)."""
+    pairs = list(headers)
+    try:
+        text = json.dumps(pairs, ensure_ascii=False, separators=(",", ":"))
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
+    return text
+
+
+def read_headers(text: str) -> Headers:
+    """`write_headers`' inverse; a JSON object (the SQL Headers column's form, which rows
+    stored before the array form hold) is read as that column; HeadersFormatError for
+    anything else."""
+    if not text.lstrip().startswith("["):
+        return headers_codec.decode(text)
+    try:
+        pairs = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise HeadersFormatError(f"headers are not valid JSON: {exc}") from exc
+    items: list[tuple[str, str | None]] = []
+    for pair in pairs:
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and (pair[1] is None or isinstance(pair[1], str))
+        ):
+            raise HeadersFormatError(f"headers must be [name, value] pairs of text, got {pair!r}")
+        items.append((pair[0], pair[1]))
+    if "\\u" in text:  # an escape may stand for a lone surrogate, which UTF-8 cannot carry
+        try:
+            json.dumps(items, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise HeadersFormatError(f"a header is not encodable as UTF-8: {exc}") from exc
+    return Headers(items)
 
 
 def _sqlite_time(moment: datetime) -> str:

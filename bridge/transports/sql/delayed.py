@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from bridge.envelope import Envelope
 from bridge.transports.sql import headers as headers_codec
@@ -40,6 +40,7 @@ __all__ = [
     "FORWARD_DESTINATION",
     "MOVE_BATCH",
     "DelayedStatements",
+    "Moved",
     "delayed_statements",
     "last_rows",
     "move_due",
@@ -114,40 +115,56 @@ def last_rows(cursor: DbCursor) -> Sequence[Sequence[Any]]:
     return cursor.fetchall()
 
 
+class Moved(NamedTuple):
+    """What one move did: the rows it moved (None where the driver does not say) and the
+    seconds until the earliest row left is due (None: none left)."""
+
+    rows: int | None
+    next_due: float | None
+
+    @property
+    def stalled(self) -> bool:
+        """Nothing moved although a row is due: another transaction holds the due rows."""
+        return self.rows == 0 and self.next_due is not None and self.next_due <= 0
+
+
 def move_due(
     dialect: Dialect, statements: DelayedStatements, db: DbConnection, batch: int
-) -> float | None:
+) -> Moved:
     """Move up to `batch` due rows in one transaction, committed; then the seconds until the
-    earliest row left is due (None: none left), as `DelayedMessageTable.MoveDueMessages`."""
+    earliest row left is due, as `DelayedMessageTable.MoveDueMessages`."""
     dialect.begin(db)
     cursor = db.cursor()
     if dialect.kind == "sqlite":
         cut_off = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        for statement in statements.move:
+        cursor.execute(statements.move[0], (cut_off, batch))
+        rows = cursor.rowcount  # the copy's: the delete takes the same rows
+        for statement in statements.move[1:]:
             cursor.execute(statement, (cut_off, batch))
     elif dialect.layout_name == "nginn":
         cursor.execute(statements.move[0])
+        rows = cursor.rowcount
     else:
         cursor.execute(statements.move[0], (batch,))
+        rows = cursor.rowcount
     db.commit()
     try:
-        return seconds_to_next_due(statements, db)
+        return Moved(None if rows < 0 else rows, seconds_to_next_due(statements, db))
     finally:
         db.rollback()
 
 
 def move_if_due(
     dialect: Dialect, statements: DelayedStatements, db: DbConnection, batch: int
-) -> float | None:
+) -> Moved:
     """`move_due` when a row is due, by a read first (an idle table costs no write
-    transaction, which on SQLite would take the file's write lock); the seconds until the
-    earliest row left is due (None: none left)."""
+    transaction, which on SQLite would take the file's write lock)."""
     try:
         waiting = seconds_to_next_due(statements, db)
     finally:
         db.rollback()
     if waiting is None or waiting > 0:
-        return waiting
+        return Moved(0, waiting)
     return move_due(dialect, statements, db, batch)
 
 

@@ -37,7 +37,7 @@ class Forwards:
     def __init__(self, dialect: Dialect, address: str) -> None:
         self._dialect = dialect
         self._config = cast(SqlConnection, getattr(dialect, "config"))  # noqa: B009
-        self._own = address_key(self._config, address)
+        self._address = address
         self._tables = QueueTables(dialect, self._config)
         self._exists: set[tuple[Dialect, str]] = set()
 
@@ -50,8 +50,11 @@ class Forwards:
         envelope.headers.remove(FORWARD_DESTINATION)
         if not target:
             return envelope
-        key = address_key(self._config, target)
-        if key == self._own:
+        # SQL Server: the canonical address names the database, which the config may leave
+        # to the DSN; the dialect knows it once connected (as the source has).
+        database: str | None = getattr(self._dialect, "database", None)
+        own = address_key(self._config, self._address, database)
+        if address_key(self._config, target, database) == own:
             return envelope
         place = self._tables.find(nginn_table(self._config, target) or target)
         if place is None:

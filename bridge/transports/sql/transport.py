@@ -74,6 +74,7 @@ from functools import partial
 from typing import TypeVar
 
 from bridge.errors import TransportError
+from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.protocols import CheckpointStore, QueueStats, ServerConnections
 from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
@@ -176,28 +177,35 @@ class Transport(RangeReads):
         await self._run(partial(_execute_each, statements))
         return statements
 
-    async def install_delay_table(self, *, print_only: bool = False) -> list[str]:
-        """Create `BridgeDelays` (`delay_table`: this is the `delays:` connection), as
-        `install` creates queue tables."""
-        statements = list(DelayTable(self.dialect).create)
+    async def install_delay_table(
+        self, error_queue: str = DEFAULT_ERROR_QUEUE, *, print_only: bool = False
+    ) -> list[str]:
+        """Create `BridgeDelays` (`delay_table`: this is the `delays:` connection) and the
+        queue table of its rows that can never be sent, as `install` creates queue tables."""
+        statements = [*DelayTable(self.dialect).create, *self.install_statements([error_queue])]
         if print_only:
             return self.dialect.printable(statements)
         await self._run(partial(_execute_each, statements))
         return statements
 
-    async def check_delay_table(self) -> None:
-        """Raise when `BridgeDelays` does not exist (this is the `delays:` connection)."""
+    async def check_delay_table(self, error_queue: str = DEFAULT_ERROR_QUEUE) -> None:
+        """Raise when `BridgeDelays` or its error queue does not exist (this is the `delays:`
+        connection)."""
         self.dialect.before_check()
-        await self._run(self._check_delay_table)
+        await self._run(partial(self._check_delay_table, error_queue))
 
-    def _check_delay_table(self, db: DbConnection) -> None:
+    def _check_delay_table(self, error_queue: str, db: DbConnection) -> None:
+        tables = (
+            (DELAY_TABLE, "where delays wait for destinations that cannot delay"),
+            (error_queue, "where delayed messages that can never be sent go"),
+        )
         try:
-            if not self.dialect.table_exists(db, DELAY_TABLE):
-                raise TransportError(
-                    f"{self.dialect.describe()}: table {self.dialect.table(DELAY_TABLE)}, where "
-                    "delays wait for destinations that cannot delay, does not exist (run "
-                    "`bridge install`)"
-                )
+            for table, what in tables:
+                if not self.dialect.table_exists(db, table):
+                    raise TransportError(
+                        f"{self.dialect.describe()}: table {self.dialect.table(table)}, {what}, "
+                        "does not exist (run `bridge install`)"
+                    )
         finally:
             db.rollback()
 

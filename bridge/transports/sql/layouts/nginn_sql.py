@@ -73,7 +73,8 @@ class NGinnStatements:
     cleanup  no params: `X` rows older than the retention deleted
     send_delayed  params `OutgoingNGinnRow` with the delay in ms after `to_endpoint`: an `R`
              row whose `retry_time` is the database's local clock + the delay
-    next_due no params -> one row: seconds until the earliest `R` row is due (NULL: none)
+    next_due no params -> at most one row: seconds until the earliest `R` row is due (none or
+             NULL: none; PostgreSQL: rows other transactions hold skipped)
     scheduled  no params -> one row: `R` rows waiting
     """
 
@@ -142,7 +143,7 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
         # change a local time plus the delay would be up to an hour early or late.
         literal = zone.replace("'", "''")  # an IANA name (checked by the config), quoted anyway
         due = f"((now() + {p} * INTERVAL '1 millisecond') AT TIME ZONE '{literal}')"
-        next_due = f"EXTRACT(EPOCH FROM min(retry_time) - {now})"
+        next_due = f"EXTRACT(EPOCH FROM retry_time - {now})"
         age = f"EXTRACT(EPOCH FROM {now} - min(insert_time))"
         ttl_at = "strpos(msg_headers, '_NG-TTL=')"
         now_text = f"to_char({now}, 'YYYY-MM-DD HH24:MI:SS')"
@@ -220,7 +221,15 @@ def _portable(d: Dialect, name: str, zone: str) -> NGinnStatements:
             f"INSERT INTO {tp} ({_COLUMNS})\n"
             f"VALUES ({p}, {p}, 'R', {now}, NULL, 0, {due}, {p}, {p}, {p}, {p}, {p}, {p})"
         ),
-        next_due=f"SELECT {next_due} FROM {t} WHERE subqueue = 'R'",
+        # PostgreSQL: `R` rows another transaction holds (a competing mover's) are skipped
+        # here as the mover skips them: were they read, a held due row would make the mover
+        # look again at once, in a loop.
+        next_due=(
+            f"SELECT {next_due} FROM {t} WHERE subqueue = 'R' "
+            "ORDER BY retry_time LIMIT 1 FOR KEY SHARE SKIP LOCKED"
+            if pg
+            else f"SELECT {next_due} FROM {t} WHERE subqueue = 'R'"
+        ),
         scheduled=f"SELECT count(*) FROM {t} WHERE subqueue = 'R'",
     )
 
