@@ -3,17 +3,15 @@
 Rules that belong to one connection type (Kafka's security settings, RabbitMQ's URL, each
 transport's names) live with that transport in its driver-free `config.py`, listed in `RULES`.
 A route whose two ends are one table, topic or queue loops, also when two connection names
-reach it (`bridge.config.places`).
+reach it (`bridge.config.places`). The rules of publish/subscribe are in `lint_pubsub.py`,
+those of credentials in `credentials.py`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from bridge.config.event_tables import HASH_CHARS
+from bridge.config import lint_pubsub
 from bridge.config.kinds import RULES
 from bridge.config.models import (
     ROUTE_NAME,
@@ -21,43 +19,28 @@ from bridge.config.models import (
     ConnectionConfig,
     DerivedRoute,
     Endpoint,
-    EventRoute,
     Route,
 )
+from bridge.config.names import address_name, nginn_width
 from bridge.config.places import place
 from bridge.config.registry import Place, Registry
 from bridge.errors import ConfigError
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
-from bridge.nservicebus.events import exchange_name, type_name_problem
 from bridge.transports.sql.config import KINDS as SQL_KINDS
 from bridge.transports.sql.config import (
     NGINN_ENDPOINT_CHARS,
-    NGINN_MESSAGE_TYPE_CHARS,
-    NGINN_SUBSCRIPTION_ENDPOINT_CHARS,
 )
 
 if TYPE_CHECKING:
     from bridge.config.loader import Positions
-    from bridge.config.pubsub import PubSub, Subscribed
 
 __all__ = [
     "RULES",
-    "SECRET_KEYS",
     "connection_warnings",
-    "credential_warnings",
-    "is_secret",
     "lint",
     "registry_warnings",
     "route_warnings",
 ]
-
-#: Connection fields that may hold a credential; nothing else in routes.yaml may.
-SECRET_KEYS = ("dsn", "url", "management_url", "sasl_password")
-_KEY_VALUE_SECRET = re.compile(
-    r"\b(?:password|pwd)\s*=\s*(?P<value>\{[^}]*\}|'[^']*'|[^;\s&]+)", re.I
-)
-_VARIABLE = re.compile(r"\$\{[^}]*\}")
-_DEFAULT = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}")
 
 
 def _endpoint(
@@ -89,76 +72,7 @@ def _endpoint(
     address = endpoint.address
     if not address.strip() or "\x00" in address:
         raise ConfigError(f"{role}: empty or invalid name {address!r}", at.at(path))
-    _address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
-
-
-def _publishes(
-    config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
-) -> None:
-    """A route that publishes: `to` names a connection that NServiceBus publishes on."""
-    to = route.to
-    connection = config.connections.get(to.connection)
-    if connection is None:
-        known = ", ".join(sorted(config.connections)) or "none"
-        raise ConfigError(
-            f"to names connection {to.connection!r}, which is not defined (known: {known})",
-            at.at((*path, "to", "connection")),
-        )
-    if connection.type not in PUBLISHES:
-        raise ConfigError(
-            f"publish: connection {to.connection!r} is {connection.type}, where events are not "
-            "published; publish on a SQL or RabbitMQ connection",
-            at.at((*path, "publish")),
-        )
-    if getattr(connection, "layout", None) == "nginn":
-        _publishes_as_nginn(config, route, path, at)
-        return
-    if getattr(connection, "topology", "conventional") != "conventional":
-        raise ConfigError(
-            f"publish: RabbitMQ connection {to.connection!r} has the direct topology; the bridge "
-            "publishes to the conventional topology's exchanges",
-            at.at((*path, "publish")),
-        )
-    if to.queue is not None or to.topic is not None or to.group is not None:
-        raise ConfigError(
-            "a route that publishes names only its destination's connection: the subscribers "
-            "say where each event goes",
-            at.at((*path, "to")),
-        )
-
-
-def _publishes_as_nginn(
-    config: BridgeConfig, route: Route, path: tuple[str | int, ...], at: Positions
-) -> None:
-    """On NGinn tables an event is published as an NGinn endpoint: subscribers are found by the
-    publisher's endpoint, so the route names the publisher's table, `to.queue`."""
-    to = route.to
-    if to.queue is None or to.topic is not None or to.group is not None:
-        raise ConfigError(
-            f"publish: connection {to.connection!r} holds NGinn tables, where subscribers are "
-            "found by the publisher's endpoint: name the publisher's table as `to.queue` "
-            "(the events are published as `sql://<alias>/<queue>`)",
-            at.at((*path, "to")),
-        )
-    where = at.at((*path, "to", "queue"))
-    if not to.queue.strip() or "\x00" in to.queue:
-        raise ConfigError(f"to: empty or invalid name {to.queue!r}", where)
-    _address_name(config.connections[to.connection].type, to.queue, "to", where)
-    model = config.connections[to.connection]
-    endpoint = RULES[model.type].canonical_address(model, to.queue)
-    _nginn_width(endpoint, NGINN_ENDPOINT_CHARS, "publisher endpoint (from_endpoint)", where)
-
-
-def _nginn_width(value: str, width: int, what: str, where: str) -> None:
-    if len(value) > width:
-        raise ConfigError(
-            f"NGinn {what} {value[:60]!r} is {len(value)} characters; its column holds {width}",
-            where,
-        )
-
-
-#: Connection types the bridge publishes events on.
-PUBLISHES = ("sqlserver", "postgresql", "sqlite", "rabbitmq")
+    address_name(kind, address, role, at.at((*path, "queue" if endpoint.queue else "topic")))
 
 
 def _loop(config: BridgeConfig, route: Route) -> str | None:
@@ -173,16 +87,6 @@ def _loop(config: BridgeConfig, route: Route) -> str | None:
         f"from and to are the same place: connections {ends[0].connection!r} and "
         f"{ends[1].connection!r} both reach {destination.shown}, so the route would loop"
     )
-
-
-def _address_name(kind: str, name: str, role: str, where: str) -> None:
-    """A queue, table or topic name its transport would refuse, found before anything runs.
-
-    Empty names and NUL (every transport's rule) are checked above for every endpoint.
-    """
-    problem = RULES[kind].address_problem(kind, name)
-    if problem is not None:
-        raise ConfigError(f"{role}: {problem}", where)
 
 
 def _connection(name: str, connection: ConnectionConfig, at: Positions) -> None:
@@ -204,7 +108,7 @@ def lint(config: BridgeConfig, at: Positions) -> None:
         seen.add(route.name)
         _endpoint(config, route.from_, "from", (*path, "from"), at)
         if route.publish:
-            _publishes(config, route, path, at)
+            lint_pubsub.publishes(config, route, path, at)
         else:
             _endpoint(config, route.to, "to", (*path, "to"), at)
         loop = None if route.publish else _loop(config, route)
@@ -216,11 +120,11 @@ def lint(config: BridgeConfig, at: Positions) -> None:
             if "\x00" in route.error_queue or (route.error_queue and not route.error_queue.strip()):
                 raise ConfigError(f"error_queue: invalid name {route.error_queue!r}", where)
             source = config.connections[route.from_.connection].type
-            _address_name(source, route.error_queue, "error_queue", where)
+            address_name(source, route.error_queue, "error_queue", where)
         for old, new in route.headers.rename.items():
             if not old or not new:
                 raise ConfigError("header names cannot be empty", at.at((*path, "headers")))
-    _events(config, at)
+    lint_pubsub.events(config, at)
     if config.endpoints:
         _registry(config, at)
     if config.delays is not None:
@@ -240,16 +144,6 @@ def _delays(config: BridgeConfig, name: str, at: Positions) -> None:
             "SQL connection (sqlite, postgresql, sqlserver)",
             where,
         )
-
-
-def _events(config: BridgeConfig, at: Positions) -> None:
-    """`events:`: .NET full names, each with a topic Kafka accepts."""
-    for name, event in config.events.items():
-        problem = type_name_problem(name)
-        if problem is not None:
-            raise ConfigError(problem, at.at(("events", name), key=True))
-        if event.topic is not None:
-            _address_name("kafka", event.topic, f"event {name!r}", at.at(("events", name, "topic")))
 
 
 def _registry(config: BridgeConfig, at: Positions) -> None:
@@ -286,7 +180,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
             )
         if endpoint.queue is not None:
             kind = config.connections[endpoint.connection].type
-            _address_name(kind, endpoint.queue, f"endpoint {name!r}", at.at((*path, "queue")))
+            address_name(kind, endpoint.queue, f"endpoint {name!r}", at.at((*path, "queue")))
     registry = config.registry
     connections = registry.connections()
     if len(connections) < 2:
@@ -326,7 +220,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
         )
     for proxy in registry.proxies():
         kind = config.connections[proxy.connection].type
-        _address_name(
+        address_name(
             kind,
             proxy.queue,
             f"endpoint {proxy.endpoint!r} (its proxy on {proxy.connection!r})",
@@ -335,7 +229,7 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
     for place_ in registry.places():
         if getattr(config.connections[place_.connection], "layout", None) == "nginn":
             what = "proxy" if place_.proxy else "queue"
-            _nginn_width(
+            nginn_width(
                 place_.address,
                 NGINN_ENDPOINT_CHARS,
                 f"{what} endpoint of {place_.endpoint!r} on {place_.connection!r} (to_endpoint)",
@@ -352,11 +246,11 @@ def _registry(config: BridgeConfig, at: Positions) -> None:
         for connection in registry.proxy_connections:
             kind = config.connections[connection].type
             where = at.at(("proxies", "error_queue"))
-            _address_name(
+            address_name(
                 kind, config.proxies.error_queue, f"proxies.error_queue on {connection!r}", where
             )
     _error_queues(config, at)
-    _subscriptions(config, registry, at)
+    lint_pubsub.subscriptions(config, registry, at)
     _routes_against_registry(config, registry, at)
 
 
@@ -377,193 +271,6 @@ def _error_queues(config: BridgeConfig, at: Positions) -> None:
                 "cannot forward would be delivered to the endpoint; name another error queue",
                 at.at(path) if written and path else at.at(("endpoints", endpoint), key=True),
             )
-
-
-def _subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> None:
-    """`subscribes:` (messaging-bridge.md §2, §4): events with .NET full names, one registered
-    publisher per event, a proxy where the bridge subscribes, a legal topic where an event
-    crosses Kafka, RabbitMQ's conventional topology where it crosses RabbitMQ."""
-    publishers: dict[str, tuple[str, str]] = {}
-    for name, endpoint in config.endpoints.items():
-        seen: set[str] = set()
-        for i, subscription in enumerate(endpoint.subscribes):
-            path: tuple[str | int, ...] = ("endpoints", name, "subscribes", i)
-            event, publisher = subscription.event, subscription.publisher
-            problem = type_name_problem(event)
-            if problem is not None:
-                raise ConfigError(problem, at.at((*path, "event")))
-            if event in seen:
-                raise ConfigError(
-                    f"endpoint {name!r} subscribes to {event!r} twice", at.at((*path, "event"))
-                )
-            seen.add(event)
-            if publisher not in config.endpoints:
-                raise ConfigError(
-                    f"event {event!r}: publisher {publisher!r} is not a registered endpoint "
-                    f"({registry.nearest(publisher, endpoint.connection)}); register it under "
-                    "`endpoints:`",
-                    at.at((*path, "publisher")),
-                )
-            first = publishers.setdefault(event, (publisher, name))
-            if first[0] != publisher:
-                raise ConfigError(
-                    f"event {event!r} has two publishers: {first[0]!r} (for {first[1]!r}) and "
-                    f"{publisher!r}; an event has one publisher",
-                    at.at((*path, "publisher")),
-                )
-    pubsub = registry.pubsub
-    # topics of events from Kafka
-    read = {r.from_.address for r in pubsub.routes() if isinstance(r, EventRoute)}
-    queues = {(p.connection, p.queue): p for p in registry.places()}
-    for s in pubsub.subscriptions():
-        if not s.native:
-            continue
-        i = [x.event for x in config.endpoints[s.endpoint].subscribes].index(s.event)
-        where = at.at(("endpoints", s.endpoint, "subscribes", i))
-        kinds = {config.connections[c].type for c in (s.connection, registry.home(s.endpoint))}
-        if s.kind in ("proxy", "kafka") and not registry.has_place(s.queue, s.connection):
-            raise ConfigError(
-                f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on "
-                f"{s.connection!r}, where it has no proxy (`proxies: connections` leaves "
-                f"{s.connection!r} out)",
-                where,
-            )
-        _nginn_subscription(s, pubsub, where)
-        _nginn_typed(
-            config, registry, s, at.at(("endpoints", s.endpoint, "subscribes", i, "event"))
-        )
-        if s.kind == "home" and config.connections[s.connection].type == "kafka":
-            topic = pubsub.topic(s.event)
-            raise ConfigError(
-                f"endpoint {s.endpoint!r} on Kafka connection {s.connection!r} subscribes to "
-                f"{s.event!r}, which {s.publisher!r} publishes on Kafka connection "
-                f"{registry.home(s.publisher)!r}: the bridge publishes events on SQL and "
-                f"RabbitMQ connections, and a Kafka subscriber reads the event's topic "
-                f"({topic!r}) where it is produced; copy the topic to {s.connection!r} with a "
-                "written route, or move the subscriber",
-                where,
-            )
-        for c in (s.connection, registry.home(s.endpoint), registry.home(s.publisher)):
-            model = config.connections[c]
-            exchange = exchange_name(s.event)
-            if model.type == "rabbitmq" and len(exchange.encode()) > 255:
-                raise ConfigError(
-                    f"event {s.event!r} crosses RabbitMQ connection {c!r}, where its exchange "
-                    f"{exchange!r} would be {len(exchange.encode())} bytes in UTF-8; RabbitMQ "
-                    "takes 255",
-                    where,
-                )
-            if model.type == "rabbitmq" and model.topology != "conventional":
-                raise ConfigError(
-                    f"endpoint {s.endpoint!r} subscribes to {s.event!r} across RabbitMQ "
-                    f"connection {c!r}, whose topology is {model.topology}: the bridge "
-                    "subscribes and publishes with the conventional topology's exchanges",
-                    where,
-                )
-        if s.kind == "kafka" and pubsub.topic(s.event) in read:
-            raise ConfigError(
-                f"event {s.event!r} would go to topic {pubsub.topic(s.event)!r}, from which the "
-                "bridge also publishes events published on Kafka: they would come back; give "
-                "the events their own topics under `events:`",
-                where,
-            )
-        if s.kind in ("kafka", "home"):
-            _event_topic_is_no_queue(s, registry, queues, at, where)
-        if "kafka" in kinds or s.kind == "home":
-            topic = pubsub.topic(s.event)
-            written = s.event in config.events and config.events[s.event].topic
-            _address_name(
-                "kafka",
-                topic,
-                f"event {s.event!r} (its topic)",
-                at.at(("events", s.event, "topic")) if written else where,
-            )
-
-
-def _nginn_subscription(s: Subscribed, pubsub: PubSub, where: str) -> None:
-    """A row of NGinn's subscription table fits its columns, and its subscriber endpoint the
-    queue tables' `to_endpoint`, where NGinn's Notify writes it (Impl/MessageBus.cs:360-367 of
-    lafar6502/nginn-messagebus @1fa4baf); an NGinn publisher's subscription has an event table
-    (`event_tables.py`); where the bridge publishes as the publisher (an event from Kafka), its
-    endpoint fits the queue tables' `from_endpoint`."""
-    row = pubsub.nginn_row(s)
-    if row is None:
-        return
-    options = pubsub.nginn(s.connection)
-    if s.kind in ("proxy", "kafka") and s.table is None and options is not None:
-        prefix = f"sql://{options.alias}/"
-        raise ConfigError(
-            f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on NGinn tables on "
-            f"{s.connection!r}: the bridge subscribes an event table of its own there, and "
-            f"its endpoint {prefix}<table> must fit NGinn's {NGINN_ENDPOINT_CHARS}-character "
-            f"to_endpoint; {prefix!r} leaves {NGINN_ENDPOINT_CHARS - len(prefix)} characters, "
-            f"a table needs {HASH_CHARS + 1}: shorten `nginn.alias` of {s.connection!r}",
-            where,
-        )
-    publisher, subscriber, message_type = row
-    _nginn_width(publisher, NGINN_SUBSCRIPTION_ENDPOINT_CHARS, "publisher_endpoint", where)
-    _nginn_width(subscriber, NGINN_SUBSCRIPTION_ENDPOINT_CHARS, "subscriber_endpoint", where)
-    what = "subscriber_endpoint (the to_endpoint of each event NGinn sends it)"
-    _nginn_width(subscriber, NGINN_ENDPOINT_CHARS, what, where)
-    _nginn_width(message_type, NGINN_MESSAGE_TYPE_CHARS, "message_type", where)
-    if s.kind == "home":
-        what = f"publisher endpoint of {s.publisher!r} (from_endpoint of what it publishes)"
-        _nginn_width(publisher, NGINN_ENDPOINT_CHARS, what, where)
-
-
-def _nginn_typed(config: BridgeConfig, registry: Registry, s: Subscribed, where: str) -> None:
-    """An event the bridge writes onto a subscriber's NGinn tables (through its proxy, or
-    published there from Kafka) has a `nginn.types` entry: NGinn dispatches on the body's
-    `$type` (nginn.md), NServiceBus bodies carry none, so the row mapping refuses every such
-    event at run time (`nginn_rows.RowMapping.outgoing`). An event whose publisher is on NGinn
-    tables too comes with NGinn's own `$type`."""
-    home = registry.home(s.endpoint)
-    model = config.connections[home]
-    options = getattr(model, "nginn", None)
-    if options is None or getattr(model, "layout", None) != "nginn" or s.event in options.types:
-        return
-    source = registry.home(s.publisher)
-    if getattr(config.connections[source], "layout", None) == "nginn":
-        return
-    raise ConfigError(
-        f"endpoint {s.endpoint!r} on NGinn tables ({home!r}) subscribes to {s.event!r}, which "
-        f"{s.publisher!r} publishes on {source!r}: its NServiceBus body carries no `$type`, "
-        "which NGinn dispatches on, so every such event would go to the error queue; map it "
-        f"under `connections.{home}.nginn.types` ({s.event}: 'Ns.Type, Assembly')",
-        where,
-    )
-
-
-def _event_topic_is_no_queue(
-    s: Subscribed,
-    registry: Registry,
-    queues: dict[tuple[str, str], Place],
-    at: Positions,
-    where: str,
-) -> None:
-    """An event's topic on a Kafka connection (where the bridge produces it, or where its
-    publisher does and the bridge reads it) must not be an endpoint's topic or proxy there:
-    events would reach the endpoint as messages, or its messages be published as events."""
-    produced = s.kind == "kafka"
-    connection = registry.home(s.endpoint if produced else s.publisher)
-    topic = registry.pubsub.topic(s.event)
-    found = queues.get((connection, topic))
-    if found is None:
-        return
-    what = "the proxy of endpoint" if found.proxy else "the input topic of endpoint"
-    doing = "sends it to" if produced else "publishes what it reads from"
-    written = registry.config.events.get(s.event)
-    raise ConfigError(
-        f"event {s.event!r}: the bridge {doing} topic {topic!r} on {connection!r}, which is "
-        f"{what} {found.endpoint!r}: "
-        + (
-            "the endpoint would receive the events as messages"
-            if produced
-            else "whatever is sent to the endpoint there would be published as the event too"
-        )
-        + "; give the event a topic of its own under `events:`",
-        at.at(("events", s.event, "topic")) if written and written.topic else where,
-    )
 
 
 def _routes_against_registry(config: BridgeConfig, registry: Registry, at: Positions) -> None:
@@ -652,65 +359,4 @@ def route_warnings(config: BridgeConfig, at: Positions) -> list[str]:
                 f"{route.to.connection!r}; register the endpoints under `endpoints:` or map "
                 "them in `address_map`"
             )
-    return out
-
-
-def _defaults_used(raw: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
-    """`raw` as the loader uses it, secrets aside: each `${VAR:-default}` becomes its default
-    where VAR is unset or empty (the loader then uses the default), else `${VAR}` (the value
-    comes from the environment); and the names of the variables whose defaults are used."""
-    used: list[str] = []
-
-    def replace(match: re.Match[str]) -> str:
-        name, default = match.groups()
-        if env.get(name):
-            return f"${{{name}}}"
-        used.append(name)
-        return default
-
-    return _DEFAULT.sub(replace, raw), used
-
-
-def _holds_password(text: str, key: str) -> bool:
-    if key == "sasl_password":
-        return bool(text) and not _VARIABLE.fullmatch(text.strip())
-    try:
-        password = urlsplit(text).password
-    except ValueError:
-        password = None
-    found = [password] if password else []
-    found += [m.group("value") for m in _KEY_VALUE_SECRET.finditer(text)]
-    return any(value and not _VARIABLE.search(value) for value in found)
-
-
-def is_secret(path: tuple[str | int, ...]) -> bool:
-    """Whether the value at `path` is a connection field that may hold a credential."""
-    return len(path) == 3 and path[0] == "connections" and path[2] in SECRET_KEYS
-
-
-def credential_warnings(
-    raw: dict[tuple[str | int, ...], str], at: Positions, env: Mapping[str, str]
-) -> list[str]:
-    """Credentials written into the file instead of taken from the environment: a literal
-    password, or one in the default of a `${VAR:-default}` that is in use (VAR is not set in
-    `env`). A default the environment overrides is not used, so it is not warned about: a
-    local default such as RabbitMQ's guest:guest is harmless where the variable is set."""
-    out = []
-    for path, value in raw.items():
-        if not is_secret(path):
-            continue
-        key = str(path[2])
-        text, defaults = _defaults_used(value, env)
-        if not _holds_password(text, key):
-            continue
-        where = f"{at.at(path)}: warning: connection {path[1]!r} has a password written in "
-        written = _DEFAULT.sub(lambda match: f"${{{match.group(1)}}}", value)  # defaults aside
-        if defaults and not _holds_password(written, key):
-            names = ", ".join(defaults)
-            out.append(
-                f"{where}the default of `{key}`, used because {names} is not set; set {names}, "
-                "or use ${VAR} and keep secrets in the environment"
-            )
-        else:
-            out.append(f"{where}`{key}`; use ${{VAR}} and keep secrets in the environment")
     return out

@@ -19,10 +19,9 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from bridge.config.credentials import credential_warnings, is_secret
 from bridge.config.lint import (
     connection_warnings,
-    credential_warnings,
-    is_secret,
     lint,
     registry_warnings,
     route_warnings,
@@ -313,8 +312,8 @@ def parse_config(
     offline: bool = False,
 ) -> LoadedConfig:
     """The config in `text`. `offline`: the caller connects to nothing (`install --print-sql`),
-    so a missing variable in a credential field (`lint.SECRET_KEYS`) becomes a placeholder and a
-    warning instead of an error; everything else still needs its variables.
+    so a missing variable in a credential field (`credentials.SECRET_KEYS`) becomes a
+    placeholder and a warning instead of an error; everything else still needs its variables.
     """
     positions = Positions(file)
     try:
