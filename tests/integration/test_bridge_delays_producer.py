@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from bridge.config.models import BridgeConfig
 from bridge.envelope import Envelope, Headers
@@ -26,6 +25,7 @@ from bridge.transports import load
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.transport import Transport as SqlTransport
 from tests.conftest import unique
+from tests.support.queues import topic_records
 
 pytestmark = pytest.mark.integration
 
@@ -223,13 +223,8 @@ async def until_no_rows(path: Path, seconds: float) -> None:
 
 
 async def topic_ids(bootstrap: str, topic: str) -> list[bytes]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        fetched = await consumer.getmany(timeout_ms=10_000)
-    finally:
-        await consumer.stop()
-    return [dict(r.headers)["NServiceBus.MessageId"] for b in fetched.values() for r in b]
+    records = await topic_records(bootstrap, topic)
+    return [dict(r.headers)["NServiceBus.MessageId"] for r in records]
 
 
 async def test_sqlite_producer_holds_no_write_lock_while_the_kafka_send_is_on_its_way(

@@ -8,8 +8,6 @@ waits there as usual."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import textwrap
 import time
 from datetime import UTC, datetime
@@ -18,13 +16,14 @@ from typing import Any
 
 import pika
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from bridge.config.loader import load_config
 from bridge.nservicebus.wireformat import timestamp_seconds
 from bridge.transports import load
 from tests.conftest import unique
-from tests.support.queues import drain
+from tests.support.cli import run_bridge
+from tests.support.queues import drain, topic_headers
 
 pytestmark = pytest.mark.integration
 
@@ -34,28 +33,7 @@ SQL_ENDS = ("pg", "lite", "ng")
 
 
 def bridge(config: Path, *args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-async def records(bootstrap: str, topic: str) -> list[dict[str, str]]:
-    """The headers of the records of `topic` one fetch brings, from its start."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        fetched = await consumer.getmany(timeout_ms=10_000)
-    finally:
-        await consumer.stop()
-    return [
-        {name: (value or b"").decode() for name, value in record.headers}
-        for batch in fetched.values()
-        for record in batch
-    ]
+    run_bridge(*args, config=config)
 
 
 def rabbit_ids(url: str, queue: str) -> list[str]:
@@ -141,7 +119,7 @@ async def test_a_delay_no_destination_can_hold_and_one_that_is_not_a_time_go_to_
         await producer.stop()
     await asyncio.to_thread(bridge, config, "run", "--until-idle", "2")
 
-    refused = {end: await records(kafka_bootstrap, errors[end]) for end in errors}
+    refused = {end: await topic_headers(kafka_bootstrap, errors[end]) for end in errors}
     for end, copies in refused.items():
         by_id = {copy["NServiceBus.MessageId"]: copy for copy in copies}
         expected = {"far", "bad", "mid"} if end == "rabbit" else {"far", "bad"}
@@ -168,7 +146,7 @@ async def test_a_delay_no_destination_can_hold_and_one_that_is_not_a_time_go_to_
         assert arrived == ["now-1", "now-2"], end
         assert stats.delayed == 1, end  # "mid", waiting
     assert rabbit_ids(rabbitmq_url, queue) == ["now-1", "now-2"]
-    assert [r["NServiceBus.MessageId"] for r in await records(kafka_bootstrap, plain)] == [
+    assert [r["NServiceBus.MessageId"] for r in await topic_headers(kafka_bootstrap, plain)] == [
         "now-1",
         "now-2",
     ]

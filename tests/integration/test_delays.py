@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pika
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from bridge.nservicebus.wireformat import timestamp_seconds
 from tests.conftest import unique
+from tests.support.cli import run_bridge
+from tests.support.queues import topic_records
 
 pytestmark = pytest.mark.integration
 
@@ -29,24 +28,7 @@ DELAY = 8.0
 
 
 def bridge(config: Path, *args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr
-
-
-async def records(bootstrap: str, topic: str) -> list[Any]:
-    """The records of `topic` one fetch brings, from its start."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        fetched = await consumer.getmany(timeout_ms=10_000)
-    finally:
-        await consumer.stop()
-    return [record for batch in fetched.values() for record in batch]
+    run_bridge(*args, config=config)
 
 
 def arrivals(url: str, queue: str, until: float) -> dict[str, float]:
@@ -119,10 +101,13 @@ async def test_a_delay_asked_for_on_kafka_is_carried_out_or_refused_by_the_desti
     lateness = arrived["later"] - due
     assert 0 <= lateness < 3, f"lateness {lateness:.2f} s"
 
-    ids = [dict(r.headers)["NServiceBus.MessageId"] for r in await records(kafka_bootstrap, plain)]
+    ids = [
+        dict(r.headers)["NServiceBus.MessageId"]
+        for r in await topic_records(kafka_bootstrap, plain)
+    ]
     assert ids == [b"now-1", b"now-2"]
     # The error queue is on the source's side: a topic.
-    (refused,) = await records(kafka_bootstrap, errors)
+    (refused,) = await topic_records(kafka_bootstrap, errors)
     headers = {name: (value or b"").decode() for name, value in refused.headers}
     assert headers["NServiceBus.MessageId"] == "later"
     assert "this destination cannot delay" in headers["NServiceBus.ExceptionInfo.Message"]

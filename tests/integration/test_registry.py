@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +32,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.protocols import Transport
 from bridge.transports import load
 from tests.conftest import unique
+from tests.support.cli import run_bridge
 from tests.support.queues import drain
 
 pytestmark = pytest.mark.integration
@@ -41,17 +41,7 @@ TRANSFER = "NServiceBus.Bridge.Transfer"
 
 
 def bridge(config: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
+    return run_bridge(*args, config=config, check=check)
 
 
 class Site:

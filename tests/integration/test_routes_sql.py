@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from bridge.config.loader import load_config
 from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 from tests.conftest import unique
+from tests.support.cli import run_bridge
 
 pytestmark = pytest.mark.integration
 
@@ -45,13 +44,7 @@ def write_routes(tmp_path: Path, connection: str) -> tuple[Path, str, str]:
 
 
 def bridge(config: Path, *args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
+    run_bridge(*args, config=config, timeout=120)
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])

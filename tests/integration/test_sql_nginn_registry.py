@@ -9,8 +9,6 @@ NGinn's side is its own statements, replayed (`tests.support.nginn`); RabbitMQ's
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 
 from bridge.config.loader import load_config
 from bridge.transports import load
+from tests.support.cli import run_bridge
 from tests.support.nginn import NGinn
 
 pytestmark = pytest.mark.integration
@@ -30,16 +29,7 @@ PAID_TYPE = "Billing.Messages.OrderPaid, Billing.Messages"
 
 
 def bridge(config: Path, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0 and "Traceback" not in result.stderr, (
-        result.stdout + result.stderr
-    )
+    result = run_bridge(*args, config=config)
     return result.stdout + result.stderr
 
 
