@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from bridge.protocols import Transport
 from bridge.transports import load
 from tests.conftest import unique
 from tests.faults import BridgeProcess
+from tests.support.cli import run_bridge
 from tests.support.queues import drain
 
 pytestmark = pytest.mark.integration
@@ -42,12 +42,7 @@ SENDING = 1.5  # seconds the five sends take at most
 
 
 def bridge(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_bridge(*args, config=config, check=False, timeout=120)
 
 
 def write_config(

@@ -7,9 +7,7 @@ is not looked at (RabbitMQ before 4.3, bridge/transports/rabbitmq/transport.py
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -21,20 +19,13 @@ import pytest
 
 from bridge.transports.rabbitmq.delivery_limit import broker_version
 from bridge.transports.rabbitmq.transport import NACK_UNCOUNTED
+from tests.support.cli import run_bridge
 
 pytestmark = pytest.mark.integration
 
 
 def bridge(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=os.environ.copy(),
-    )
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    return result
+    return run_bridge(*args, timeout=60)
 
 
 def routes(tmp_path: Path, url: str, queue_type: str, queues: Callable[..., str]) -> Path:

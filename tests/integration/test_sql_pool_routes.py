@@ -34,6 +34,7 @@ from bridge.envelope import Envelope, Headers
 from bridge.transports import load
 from bridge.transports.sql.config import PostgresConnection
 from tests.conftest import unique
+from tests.support.cli import run_bridge
 
 pytestmark = pytest.mark.integration
 
@@ -94,15 +95,7 @@ def second_schema(pg_dsn: str) -> Iterator[str]:
 
 
 def bridge(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "bridge", *args, "-c", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
+    return run_bridge(*args, config=config, timeout=300)
 
 
 def start(config: Path, log: Path) -> subprocess.Popen[bytes]:
