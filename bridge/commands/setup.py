@@ -3,6 +3,8 @@ and reaching what it names, creating what the routes need, native subscriptions 
 
 from __future__ import annotations
 
+import sys
+
 from bridge.commands.common import (
     addresses,
     describe_counts,
@@ -120,12 +122,17 @@ async def install(config_path: str, *, print_only: bool) -> int:
         for statement in subscription_statements(config):
             print(statement + "\n")
         return 0
-    from bridge.service.subscriptions import subscribe_all
+    from bridge.service.subscriptions import EventTablesMissing, subscribe_all
 
     transports: dict[str, Transport] = {}
     try:
         for line in await subscribe_all(config, transports):
             print(line)
+    except EventTablesMissing as exc:
+        for line in exc.done:
+            print(line)
+        print(f"bridge install: {exc}", file=sys.stderr)
+        return 1
     finally:
         for transport in transports.values():
             await transport.close()

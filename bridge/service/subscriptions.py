@@ -6,6 +6,9 @@ NServiceBus's own are: an upsert of the SubscriptionRouting row on SQL (`transpo
 subscriptions.py`, the table created first when missing), on NGinn tables NGinn's update-then-
 insert of a row of its subscription table (`transports/sql/nginn_subscriptions.py`), the event's
 exchange declared and bound to the queue's on RabbitMQ (`transports/rabbitmq/events.py`).
+A subscription to an NGinn publisher is made only once its event table exists (NGinn's Notify
+would fail on a row naming a missing table): `EventTablesMissing` names the others, `bridge
+install` exits 1 with it, and `bridge run` logs each as not ready and tries again.
 `change` subscribes or unsubscribes one endpoint by hand (`bridge subscribe` / `bridge
 unsubscribe`; the binding on RabbitMQ, or the NGinn row, that every Kafka subscriber of the
 event shares stays while another uses it); the bridge never unsubscribes on its own. `state`
@@ -23,14 +26,16 @@ import logging
 from collections.abc import Callable
 
 from bridge.config.models import BridgeConfig
-from bridge.config.pubsub import Subscribed
+from bridge.config.pubsub import Subscribed, event_table_route
 from bridge.errors import BridgeError, TransportError, UsageError
 from bridge.protocols import Sink, Transport
 
 __all__ = [
+    "EventTablesMissing",
     "change",
     "describe",
     "event_sink",
+    "not_ready",
     "publisher",
     "state",
     "subscribe_all",
@@ -54,16 +59,16 @@ async def _apply(
     made: list[Subscribed],
     *,
     subscribe: bool,
-) -> None:
-    """Make (or remove) `made`, subscriptions on one connection, on a connection of its own."""
+) -> list[Subscribed]:
+    """Make (or remove) `made`, subscriptions on one connection, on a connection of its own;
+    the subscriptions not made because their NGinn event table does not exist yet."""
     if kind in SQL:
         from bridge.transports.sql.subscriptions import SubscriptionTable
         from bridge.transports.sql.transport import Transport as SqlTransport
 
         assert isinstance(transport, SqlTransport)
         if transport.config.layout == "nginn":
-            await _apply_nginn(config, transport, made, subscribe=subscribe)
-            return
+            return await _apply_nginn(config, transport, made, subscribe=subscribe)
         table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
         try:
             if subscribe:
@@ -102,6 +107,7 @@ async def _apply(
                     ) from exc
         finally:
             await admin.close()
+    return []
 
 
 def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
@@ -112,9 +118,13 @@ def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
 
 async def _apply_nginn(
     config: BridgeConfig, transport: Transport, made: list[Subscribed], *, subscribe: bool
-) -> None:
-    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table. Removing
-    a subscription to an NGinn publisher removes the row whose subscriber is the proxy (or
+) -> list[Subscribed]:
+    """`_apply` on a connection of NGinn tables: rows of NGinn's subscription table. A
+    subscription to an NGinn publisher whose event table does not exist is not made, and
+    returned: NGinn's Notify inserts into each subscriber's table in the publisher's own
+    transaction (Impl/MessageBus.cs:347-371 of lafar6502/nginn-messagebus @1fa4baf), so a row
+    naming a missing table would make every publish of the event fail. Removing a
+    subscription to an NGinn publisher removes the row whose subscriber is the proxy (or
     carrier) too, as subscriptions were made before they had event tables."""
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
@@ -122,10 +132,16 @@ async def _apply_nginn(
     assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
     name = transport.config.nginn.subscriptions
     table = NGinnSubscriptionTable(transport.dialect, name)
+    waiting: list[Subscribed] = []
     try:
         if subscribe:
             await table.create()
+            wanted = [s.table for s in made if s.table is not None]
+            missing = set(await table.missing(list(dict.fromkeys(wanted))))
+            waiting = [s for s in made if s.table in missing]
         for s in made:
+            if s in waiting:
+                continue
             publisher, subscriber, message_type = _nginn_row(config, s)
             if subscribe:
                 await table.subscribe(publisher, subscriber, message_type)
@@ -136,24 +152,64 @@ async def _apply_nginn(
                 await table.unsubscribe(publisher, proxy, message_type)
     finally:
         await table.close()
+    return waiting
+
+
+class EventTablesMissing(TransportError):
+    """Subscriptions to an NGinn publisher not made because their event tables do not exist
+    (`waiting`); the others were made (`done`, as lines to print). Not retriable by itself, but
+    `bridge run` tries again now and then, and subscribes each once its table is there."""
+
+    def __init__(self, waiting: list[Subscribed], done: list[str]) -> None:
+        self.waiting = waiting
+        self.done = done
+        listed = "; ".join(
+            f"{s.endpoint} to {s.event} at {s.address} (table {s.table!r} on {s.connection!r}, "
+            f"read by route {event_table_route(s.connection, s.table or '')})"
+            for s in waiting
+        )
+        super().__init__(
+            f"not subscribed, as their NGinn event tables do not exist: {listed}. A "
+            "subscription row naming a missing table would make the NGinn publisher's Notify, "
+            "and with it the publisher's transaction, fail; `bridge install` with `proxies: "
+            "{create: true}` creates the tables (or create them as the endpoints' installers "
+            "create their queue tables), and the bridge subscribes each once it exists"
+        )
+
+
+def not_ready(error: EventTablesMissing) -> list[str]:
+    """One line per subscription `error` left unmade, as the logs say it."""
+    return [
+        f"{s.connection}: not subscribed {s.endpoint} to {s.event}: event table {s.table!r} "
+        f"does not exist; route {event_table_route(s.connection, s.table or '')} is not ready"
+        for s in error.waiting
+    ]
 
 
 async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) -> list[str]:
-    """Make every native subscription of the registry; what was made, as lines to print."""
+    """Make every native subscription of the registry; what was made, as lines to print.
+    Raises `EventTablesMissing` after making all the others when a subscription's NGinn event
+    table does not exist."""
     from bridge.transports import load
 
     by_connection: dict[str, list[Subscribed]] = {}
     for s in config.registry.pubsub.native():
         by_connection.setdefault(s.connection, []).append(s)
     done = []
+    waiting: list[Subscribed] = []
     for connection, made in by_connection.items():
         if connection not in transports:
             transports[connection] = load(connection, config.connections[connection])
         kind = config.connections[connection].type
-        await _apply(config, transports[connection], kind, made, subscribe=True)
+        left = await _apply(config, transports[connection], kind, made, subscribe=True)
+        waiting += left
         for s in made:
+            if s in left:
+                continue
             log.info(describe(s), extra={"connection": connection})
             done.append(f"{connection}: {describe(s)}")
+    if waiting:
+        raise EventTablesMissing(waiting, done)
     return done
 
 
@@ -201,9 +257,11 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
         )
     transport = load(s.connection, config.connections[s.connection])
     try:
-        await _apply(config, transport, kind, [s], subscribe=subscribe)
+        waiting = await _apply(config, transport, kind, [s], subscribe=subscribe)
     finally:
         await transport.close()
+    if waiting:
+        raise EventTablesMissing(waiting, [])
     return f"{s.connection}: {describe(s, subscribe=subscribe)}"
 
 

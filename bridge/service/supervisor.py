@@ -47,7 +47,13 @@ from bridge.routing.runner import Probe, RouteRunner
 from bridge.service.delaying import delayed_producer, delaying_sink
 from bridge.service.http import HealthServer, RunnerStatus
 from bridge.service.movers import movers
-from bridge.service.subscriptions import event_sink, publisher, subscribe_all
+from bridge.service.subscriptions import (
+    EventTablesMissing,
+    event_sink,
+    not_ready,
+    publisher,
+    subscribe_all,
+)
 from bridge.service.summary import RouteSummary, RunSummary
 from bridge.service.workers import WorkerLink
 from bridge.telemetry.metrics import Metrics
@@ -214,6 +220,10 @@ class Supervisor:
             try:
                 await subscribe_all(self.config, self.transports)
                 return
+            except EventTablesMissing as exc:  # made once someone creates the tables
+                delay = backoff.next_delay()
+                for line in not_ready(exc):
+                    log.error("%s; trying again in %.0fs", line, delay)
             except Exception as exc:  # retried; the routes run meanwhile
                 delay = backoff.next_delay()
                 log.error("subscriptions not made: %s; trying again in %.0fs", exc, delay)

@@ -20,11 +20,12 @@ The bridge subscribes an event table per subscription to the NGinn publisher
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -341,3 +342,144 @@ async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: S
     assert len(s.ng_rows()) == 3
     bridge(s.config, "subscribe", "--endpoint", s.shipping, "--event", s.placed)
     assert sorted(r[:3] for r in s.ng_rows()) == sorted(r[:3] for r in rows)
+
+
+# -- An event table that is not there, and the row an older bridge left -------------------------
+
+
+@pytest.fixture
+def ng_schema(pg_dsn: str) -> Iterator[str]:
+    schema = unique("ng")
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute(f'CREATE SCHEMA "{schema}"')
+    yield schema
+    with psycopg.connect(pg_dsn, autocommit=True) as db:
+        db.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+class Upgrade:
+    """Legacy publishes on NGinn tables (ng), Billing (NServiceBus tables, pg) subscribes; the
+    proxies are the endpoints' installers' (`proxies: {create: false}`): no event table."""
+
+    def __init__(self, tmp_path: Path, dsn: str, ng: str, pg: str) -> None:
+        self.dsn, self.ng = dsn, ng
+        self.legacy, self.billing = unique("Legacy"), unique("Billing")
+        self.event = f"{unique('T')}.Legacy.OrderPlaced"
+        self.config = tmp_path / "routes.yaml"
+        self.config.write_text(
+            textwrap.dedent(
+                f"""\
+                connections:
+                  ng: {{type: postgresql, dsn: "{dsn}", schema: "{ng}",
+                        layout: nginn, nginn: {{alias: db, timezone: {ZONE}}}}}
+                  pg: {{type: postgresql, dsn: "{dsn}", schema: "{pg}"}}
+                endpoints:
+                  {self.legacy}: {{connection: ng}}
+                  {self.billing}:
+                    connection: pg
+                    subscribes: [{{event: {self.event}, publisher: {self.legacy}}}]
+                proxies: {{create: false, error_queue: poison, group: {unique("g")}}}
+                """
+            )
+        )
+        [made] = load_config(self.config).config.registry.pubsub.subscriptions()
+        assert made.table is not None
+        self.table = made.table
+        self.publisher = NGinn("postgresql", f"{dsn}|{ng}", self.legacy, ZONE)
+
+    async def install_queues(self) -> None:
+        """What the endpoints' installers (and an older bridge's `install`) made: the queues
+        and the proxies with their error queue; no event table."""
+        connections = load_config(self.config).config.connections
+        ng, pg = load("ng", connections["ng"]), load("pg", connections["pg"])
+        try:
+            await ng.install([self.legacy, self.billing, "poison"])
+            await pg.install([self.billing, self.legacy, "poison"])
+        finally:
+            await ng.close()
+            await pg.close()
+
+    def create_proxies(self) -> None:
+        self.config.write_text(self.config.read_text().replace("create: false", "create: true"))
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        with psycopg.connect(self.dsn) as db:
+            found = db.execute(
+                "SELECT to_regclass(%s)", (f'"{self.ng}"."{SUBSCRIPTIONS}"',)
+            ).fetchone()
+            if found is None or found[0] is None:
+                return []
+            return sorted(
+                (str(p), str(s), str(m))
+                for p, s, m in db.execute(
+                    "SELECT publisher_endpoint, subscriber_endpoint, message_type "
+                    f'FROM "{self.ng}"."{SUBSCRIPTIONS}"'
+                )
+            )
+
+    def publish(self, *unique_ids: str) -> list[str]:
+        """Legacy publishes the event as NGinn does (its Notify, in its own transaction)."""
+        body = json.dumps({"$type": f"{self.event}, Legacy", "OrderId": 1})
+        return self.publisher.notify(body, [self.event, "System.Object"], SUBSCRIPTIONS, unique_ids)
+
+
+@pytest.fixture
+async def upgrade(tmp_path: Path, pg_dsn: str, pg_schema: str, ng_schema: str) -> Upgrade:
+    u = Upgrade(tmp_path, pg_dsn, ng_schema, pg_schema)
+    await u.install_queues()
+    return u
+
+
+async def test_no_subscription_row_names_an_event_table_that_does_not_exist(
+    upgrade: Upgrade,
+) -> None:
+    """Without its event table, `bridge install` and `bridge run` write no row naming it (NGinn's
+    Notify would insert into a missing table in the publisher's transaction, and fail); install
+    exits 1 saying how to create it, run says the subscription is not ready. Once the table is
+    there, the row is written and the events arrive."""
+    u = upgrade
+    installed = bridge(u.config, "install", check=False)
+    assert installed.returncode == 1, installed
+    assert "proxies: {create: true}" in installed.stderr and u.table in installed.stderr
+    assert f"sql://db/{u.table}" not in {row[1] for row in u.rows()}
+
+    ran = bridge(u.config, "run", "--until-idle", "3", check=False)
+    assert f"not subscribed {u.billing} to {u.event}: event table {u.table!r}" in ran.stderr
+    assert f"route events.ng.{u.table} is not ready" in ran.stderr
+    assert u.rows() == []
+    assert u.publish("u-1") == []  # NGinn's publisher still publishes (to nobody yet)
+
+    u.create_proxies()
+    bridge(u.config, "install")  # the event table, then its row
+    assert u.rows() == [(f"sql://db/{u.legacy}", f"sql://db/{u.table}", u.event)]
+    assert u.publish("u-2") == [f"sql://db/{u.table}"]
+    bridge(u.config, "run", "--until-idle", "3")
+    pg = load("pg", load_config(u.config).config.connections["pg"])
+    try:
+        got = await drain(pg, u.billing)
+    finally:
+        await pg.close()
+    assert [(m.message_id, m.headers.get(INTENT)) for m in got] == [("u-2", "Publish")]
+
+
+async def test_run_subscribes_once_the_event_table_exists(upgrade: Upgrade) -> None:
+    """`bridge run` keeps trying: the row is written once someone creates the event table."""
+    u = upgrade
+    supervisor = Supervisor(load_config(u.config).config, until_idle=None, poll_timeout=0.2)
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await asyncio.sleep(1.5)
+        assert u.rows() == []
+        ng = load("ng", load_config(u.config).config.connections["ng"])
+        try:
+            await ng.install([u.table])
+        finally:
+            await ng.close()
+        for _ in range(50):  # the retry after a 1 s, then 2 s, then 4 s backoff
+            if u.rows():
+                break
+            await asyncio.sleep(0.2)
+        assert u.rows() == [(f"sql://db/{u.legacy}", f"sql://db/{u.table}", u.event)]
+    finally:
+        supervisor.stop()
+        await running

@@ -206,6 +206,12 @@ class NGinnSubscriptionTable(OwnConnectionTable):
     async def rows(self) -> list[NGinnSubscriptionRow]:
         return await self._connection.run(self._rows)
 
+    async def missing(self, tables: Sequence[str]) -> list[str]:
+        """The tables of `tables` (unquoted, in the connection's schema) that do not exist: a
+        subscriber endpoint whose table is missing makes NGinn's Notify fail, in the
+        publisher's transaction (Impl/MessageBus.cs:347-371 inserts into it)."""
+        return await self._connection.run(partial(self._missing, list(tables)))
+
     async def rows_and_clock(self) -> tuple[list[NGinnSubscriptionRow], datetime]:
         """Every row, and the database's local time then (naive), which a row's
         `expiration_date` is compared with: a row whose expiration is before it is expired, and
@@ -230,6 +236,12 @@ class NGinnSubscriptionTable(OwnConnectionTable):
         if cursor.rowcount == 0:
             cursor.execute(self.statements.insert, [pub, sub, mtype, None])
         db.commit()
+
+    def _missing(self, tables: list[str], db: DbConnection) -> list[str]:
+        try:
+            return [t for t in tables if not self.dialect.table_exists(db, t)]
+        finally:
+            db.rollback()
 
     def _rows_and_clock(self, db: DbConnection) -> tuple[list[NGinnSubscriptionRow], datetime]:
         rows = self._rows(db)
