@@ -62,6 +62,11 @@ async def check(config_path: str, *, connect: bool) -> int:
             print(f"{name}: warning: {warning}")
     if config.delays is not None and not await _check_delays(config, config.delays.connection):
         failures += 1
+    if not failures and tables:
+        from bridge.service.subscriptions import doubled
+
+        for warning in await doubled(config):  # a proxy's row next to an event table's
+            print(warning)
     return 1 if failures else 0
 
 

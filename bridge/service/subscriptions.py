@@ -34,6 +34,7 @@ __all__ = [
     "EventTablesMissing",
     "change",
     "describe",
+    "doubled",
     "event_sink",
     "not_ready",
     "publisher",
@@ -245,15 +246,16 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
     ]
     shared = config.registry.pubsub.nginn_row(s) is not None or kind == "rabbitmq"
     if not subscribe and shared and sharing:
-        # One binding (or NGinn row, whose subscriber is the carrier) carries the event to
-        # Kafka for every Kafka subscriber: it stays while another uses it.
+        # One binding (or NGinn row, whose subscriber is the event table or carrier) carries
+        # the event to Kafka for every Kafka subscriber: it stays while another uses it.
         topic = config.registry.pubsub.topic(event)
         what = "binding" if kind == "rabbitmq" else "NGinn subscription"
+        removed = await _remove_proxy_row(config, s)
         return (
-            f"{s.connection}: kept the {what} of {event} to {s.queue!r}: "
+            f"{s.connection}: kept the {what} of {event} to {s.address or s.queue!r}: "
             f"{', '.join(sharing)} also receive(s) it through it (an event goes to Kafka once, "
             f"to topic {topic!r}); {endpoint} stops receiving it when it no longer reads that "
-            "topic (remove it from its `subscribes:`)"
+            "topic (remove it from its `subscribes:`)" + removed
         )
     transport = load(s.connection, config.connections[s.connection])
     try:
@@ -263,6 +265,31 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
     if waiting:
         raise EventTablesMissing(waiting, [])
     return f"{s.connection}: {describe(s, subscribe=subscribe)}"
+
+
+async def _remove_proxy_row(config: BridgeConfig, s: Subscribed) -> str:
+    """Remove the NGinn row whose subscriber is `s`'s proxy (carrier), which delivers every
+    event a second time next to the event table's; what was done, to append to a message."""
+    from bridge.transports import load
+    from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
+    from bridge.transports.sql.transport import Transport as SqlTransport
+
+    proxy = _proxy_endpoint(config, s)
+    if proxy is None:
+        return ""
+    publisher, _, message_type = _nginn_row(config, s)
+    transport = load(s.connection, config.connections[s.connection])
+    try:
+        assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
+        table = NGinnSubscriptionTable(transport.dialect, transport.config.nginn.subscriptions)
+        try:
+            if await table.exists():
+                await table.unsubscribe(publisher, proxy, message_type)
+        finally:
+            await table.close()
+    finally:
+        await transport.close()
+    return f"; removed the row of {proxy} (a bridge's from before event tables), if there was one"
 
 
 async def state(config: BridgeConfig) -> dict[tuple[str, str], str]:
@@ -328,17 +355,61 @@ async def _nginn_state(
         await table.close()
         await transport.close()
     held = {(p, sub, m): expires for p, sub, m, _, expires in rows}
+
+    def of(key: tuple[str, str, str]) -> str:
+        if key not in held:
+            return "missing"
+        expires = held[key]
+        if expires is None:
+            return "subscribed"
+        passed = now is not None and parse_local(expires) < now
+        return "expired" if passed else "expiring"
+
     out = {}
     for s in made:
         key = _nginn_row(config, s)
-        expires = held.get(key)
-        if key not in held:
-            out[s.endpoint, s.event] = "missing"
-        elif expires is None:
-            out[s.endpoint, s.event] = "subscribed"
-        else:
-            passed = now is not None and parse_local(expires) < now
-            out[s.endpoint, s.event] = "expired" if passed else "expiring"
+        found = of(key)
+        proxy = _proxy_endpoint(config, s)
+        if proxy is not None and of((key[0], proxy, key[2])) in ("subscribed", "expiring"):
+            found += (
+                f", also at {proxy}: events arrive twice"
+                if found in ("subscribed", "expiring")
+                else f"; at {proxy} instead: events arrive as messages, through the proxy"
+            )
+        out[s.endpoint, s.event] = found
+    return out
+
+
+def _proxy_endpoint(config: BridgeConfig, s: Subscribed) -> str | None:
+    """For a subscription to an NGinn publisher, the endpoint of the proxy (or Kafka carrier)
+    that a bridge subscribed before subscriptions had event tables: a row naming it next to
+    the event table's delivers each event twice, once as a message through the proxy."""
+    if s.table is None:
+        return None
+    return config.registry.address(s.queue, s.connection)
+
+
+async def doubled(config: BridgeConfig) -> list[str]:
+    """`bridge check --connect`'s warnings: each subscription to an NGinn publisher whose
+    events arrive twice, as NGinn's subscription table holds a row for its proxy too."""
+    made = [s for s in config.registry.pubsub.native() if s.table is not None]
+    by_connection: dict[str, list[Subscribed]] = {}
+    for s in made:
+        by_connection.setdefault(s.connection, []).append(s)
+    out = []
+    for connection, subscriptions in by_connection.items():
+        found = await _sql_state(config, connection, subscriptions)
+        for s in subscriptions:
+            if "twice" not in found[s.endpoint, s.event]:
+                continue
+            out.append(
+                f"{connection}: warning: {s.endpoint} receives each {s.event} twice: NGinn's "
+                f"subscription table holds a row for its event table ({s.address}) and one "
+                f"for {_proxy_endpoint(config, s)}, which a bridge wrote before subscriptions "
+                f"had event tables; `bridge unsubscribe --endpoint {s.endpoint} --event "
+                f"{s.event}` removes both, then `bridge subscribe` with the same arguments "
+                "writes the event table's again"
+            )
     return out
 
 

@@ -364,8 +364,10 @@ class Upgrade:
     def __init__(self, tmp_path: Path, dsn: str, ng: str, pg: str) -> None:
         self.dsn, self.ng = dsn, ng
         self.legacy, self.billing = unique("Legacy"), unique("Billing")
+        self.stats, self.audit = unique("Stats"), unique("Audit")  # on Kafka
         self.event = f"{unique('T')}.Legacy.OrderPlaced"
         self.config = tmp_path / "routes.yaml"
+        subscribes = f"subscribes: [{{event: {self.event}, publisher: {self.legacy}}}]"
         self.config.write_text(
             textwrap.dedent(
                 f"""\
@@ -373,14 +375,20 @@ class Upgrade:
                   ng: {{type: postgresql, dsn: "{dsn}", schema: "{ng}",
                         layout: nginn, nginn: {{alias: db, timezone: {ZONE}}}}}
                   pg: {{type: postgresql, dsn: "{dsn}", schema: "{pg}"}}
+                  kafka: {{type: kafka, bootstrap_servers: "127.0.0.1:1"}}
                 endpoints:
                   {self.legacy}: {{connection: ng}}
                   {self.billing}:
                     connection: pg
-                    subscribes: [{{event: {self.event}, publisher: {self.legacy}}}]
-                proxies: {{create: false, error_queue: poison, group: {unique("g")}}}
+                    {subscribes}
+                proxies: {{create: false, error_queue: poison, group: {unique("g")},
+                           connections: [ng, pg]}}
                 """
             )
+        )
+        self.kafka_endpoints = (
+            f"  {self.stats}: {{connection: kafka, {subscribes}}}\n"
+            f"  {self.audit}: {{connection: kafka, {subscribes}}}\n"
         )
         [made] = load_config(self.config).config.registry.pubsub.subscriptions()
         assert made.table is not None
@@ -483,3 +491,79 @@ async def test_run_subscribes_once_the_event_table_exists(upgrade: Upgrade) -> N
     finally:
         supervisor.stop()
         await running
+
+
+async def test_an_older_bridges_row_for_the_proxy_is_shown_warned_and_removed(
+    upgrade: Upgrade,
+) -> None:
+    """A bridge from before event tables subscribed Billing's proxy itself; the upgrade adds the
+    event table's row. Each event then arrives twice (once as a message through the proxy):
+    `bridge endpoints --connect` says so, `bridge check --connect` warns, and `bridge
+    unsubscribe` then `bridge subscribe` leave the event table's row alone."""
+    u = upgrade
+    proxy = f"sql://db/{u.billing}"
+    with psycopg.connect(u.dsn, autocommit=True) as db:  # the older bridge's row
+        db.execute(
+            f'CREATE TABLE "{u.ng}"."{SUBSCRIPTIONS}" (publisher_endpoint varchar(200), '
+            "subscriber_endpoint varchar(200), message_type varchar(300), created_date "
+            "timestamp, expiration_date timestamp NULL)"
+        )
+        db.execute(
+            f'INSERT INTO "{u.ng}"."{SUBSCRIPTIONS}" VALUES (%s, %s, %s, now(), NULL)',
+            (f"sql://db/{u.legacy}", proxy, u.event),
+        )
+    shown = bridge(u.config, "endpoints", "--connect").stdout
+    assert f"missing; at {proxy} instead: events arrive as messages" in shown, shown
+    u.create_proxies()
+    bridge(u.config, "install")
+
+    shown = bridge(u.config, "endpoints", "--connect").stdout
+    assert f"subscribed, also at {proxy}: events arrive twice" in shown, shown
+    checked = bridge(u.config, "check", "--connect").stdout
+    assert f"ng: warning: {u.billing} receives each {u.event} twice" in checked, checked
+    assert sorted(u.publish("u-1", "u-2")) == sorted([proxy, f"sql://db/{u.table}"])
+    bridge(u.config, "run", "--until-idle", "3")
+    pg = load("pg", load_config(u.config).config.connections["pg"])
+    try:
+        intents = sorted(m.headers.get(INTENT) or "" for m in await drain(pg, u.billing))
+    finally:
+        await pg.close()
+    assert intents == ["Publish", "Send"]  # the double delivery the warning is about
+
+    bridge(u.config, "unsubscribe", "--endpoint", u.billing, "--event", u.event)
+    bridge(u.config, "subscribe", "--endpoint", u.billing, "--event", u.event)
+    assert u.rows() == [(f"sql://db/{u.legacy}", f"sql://db/{u.table}", u.event)]
+    shown = bridge(u.config, "endpoints", "--connect").stdout
+    assert "twice" not in shown and "subscribed" in shown
+    assert "twice" not in bridge(u.config, "check", "--connect").stdout
+
+
+async def test_unsubscribing_one_kafka_subscriber_removes_the_carriers_older_row(
+    upgrade: Upgrade,
+) -> None:
+    """Two Kafka subscribers share one event table and its row; a bridge from before event
+    tables subscribed the carrier's proxy. `bridge unsubscribe` of one keeps the shared row
+    (the other still reads the topic) and removes the carrier's older one."""
+    u = upgrade
+    text = u.config.read_text()
+    text = text.replace("proxies:", u.kafka_endpoints + "proxies:")
+    u.config.write_text(text.replace("connections: [ng, pg]", "connections: [ng, pg, kafka]"))
+    pubsub = load_config(u.config).config.registry.pubsub
+    shared = {s.address for s in pubsub.subscriptions() if s.endpoint in (u.stats, u.audit)}
+    [address] = shared
+    carrier = next(s.queue for s in pubsub.subscriptions() if s.endpoint == u.stats)
+    ng = load("ng", load_config(u.config).config.connections["ng"])
+    try:
+        await ng.install([address.rsplit("/", 1)[1], u.table])  # the event tables
+    finally:
+        await ng.close()
+    bridge(u.config, "subscribe", "--endpoint", u.stats, "--event", u.event)
+    with psycopg.connect(u.dsn, autocommit=True) as db:  # the older bridge's row
+        db.execute(
+            f'INSERT INTO "{u.ng}"."{SUBSCRIPTIONS}" VALUES (%s, %s, %s, now(), NULL)',
+            (f"sql://db/{u.legacy}", f"sql://db/{carrier}", u.event),
+        )
+
+    said = bridge(u.config, "unsubscribe", "--endpoint", u.stats, "--event", u.event).stdout
+    assert f"removed the row of sql://db/{carrier}" in said, said
+    assert u.rows() == [(f"sql://db/{u.legacy}", address, u.event)]
