@@ -8,15 +8,20 @@ event of that subscription, whatever class NGinn sent (it walks the class chain,
 MessageBus.cs:264-287) and whatever correlation id it carries.
 
 Guarantees
-    A name is a function of the subscriber's queue, the event and the room left by the alias:
-    `<queue>_<EventShortName>`, the queue and the event's last name part with every character
-    outside `[A-Za-z0-9_]` as `_` (NGinn pastes a table name into its SQL unquoted: `INSERT
-    INTO {0}`, Impl/SqlQueue/NamedQueries.sqlserver.json:8 and CommonQueueOps.cs:132, so a `.`
-    would read as a schema). When that does not fit (`sql://<alias>/<table>` in NGinn's
-    50-character `to_endpoint`, createmqueue.sqlserver.sql) or is taken (another queue or
-    event table on the connection, compared ignoring case as NGinn and SQL Server do), the
-    queue's name cut to fit, `_`, and 10 hex digits of a SHA-256 of queue and event; a taken
-    hashed name hashes again with a counter.
+    A name is a function of its owner (the subscriber's queue; for Kafka subscribers, who
+    share one table per event, their Kafka connection), the event, the room left by the alias,
+    and the other names on the connection, never of the order of routes.yaml: `<owner>_<Event
+    ShortName>`, the owner and the event's last name part with every character outside
+    `[A-Za-z0-9_]` as `_` (NGinn pastes a table name into its SQL unquoted: `INSERT INTO {0}`,
+    Impl/SqlQueue/NamedQueries.sqlserver.json:8 and CommonQueueOps.cs:132, so a `.` would read
+    as a schema). When that does not fit (`sql://<alias>/<table>` in NGinn's 50-character
+    `to_endpoint`, createmqueue.sqlserver.sql), is taken (another queue or table on the
+    connection, compared ignoring case as NGinn and SQL Server do), or is the plain name of
+    another subscription's table too (two events with one short name: every one of them), the
+    owner's name cut to fit, `_`, and 10 hex digits of a SHA-256 of the owner's seed and the
+    event; a taken hashed name hashes again with a counter, the colliding ones taken in the
+    order of their seeds and events. So adding, removing or moving another subscription in the
+    file renames no table, except one whose short name it now shares or no longer shares.
 
 Failures
     `event_table` returns None when even a bare hash cannot fit (an alias that leaves fewer
@@ -27,9 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Collection
 
-__all__ = ["HASH_CHARS", "event_table", "event_table_route"]
+__all__ = ["HASH_CHARS", "Wanted", "event_table", "event_table_route", "event_tables"]
 
 #: Hex digits of the hash a name falls back to.
 HASH_CHARS = 10
@@ -51,19 +57,57 @@ def _hash(queue: str, event: str, attempt: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:HASH_CHARS]
 
 
-def event_table(queue: str, event: str, room: int, taken: Collection[str]) -> str | None:
-    """The event table of subscriber queue `queue` and event `event`: at most `room`
-    characters, not in `taken` (casefolded names); None when nothing fits."""
+def _plain(prefix: str, event: str) -> str:
+    return f"{prefix}_{_NOT_IN_NAME.sub('_', event.rsplit('.', 1)[-1])}"
+
+
+def event_table(
+    queue: str, event: str, room: int, taken: Collection[str], seed: str | None = None
+) -> str | None:
+    """The event table of owner `queue` (hashed as `seed`, by default the name) and event
+    `event`: at most `room` characters, not in `taken` (casefolded names); None when nothing
+    fits."""
     if room < HASH_CHARS + 1:
         return None
     prefix = _safe(queue)
-    plain = f"{prefix}_{_NOT_IN_NAME.sub('_', event.rsplit('.', 1)[-1])}"
+    plain = _plain(prefix, event)
     if len(plain) <= room and plain.casefold() not in taken:
         return plain
+    return _hashed(prefix, queue if seed is None else seed, event, room, taken)
+
+
+def _hashed(prefix: str, seed: str, event: str, room: int, taken: Collection[str]) -> str:
     stem = prefix[: room - HASH_CHARS - 1]
     attempt = 0
     while True:
-        name = f"{stem}_{_hash(queue, event, attempt)}"
+        name = f"{stem}_{_hash(seed, event, attempt)}"
         if name.casefold() not in taken:
             return name
         attempt += 1
+
+
+#: (owner, seed, event): the owner names a table, the seed hashes it.
+Wanted = tuple[str, str, str]
+
+
+def event_tables(
+    wanted: Collection[Wanted], room: int, taken: Collection[str]
+) -> dict[Wanted, str | None]:
+    """The event table of each of `wanted` on one connection, whatever their order: a plain
+    name another one wants too goes to every one of them hashed (see Guarantees)."""
+    if room < HASH_CHARS + 1:
+        return dict.fromkeys(wanted)
+    plains = {w: _plain(_safe(w[0]), w[2]) for w in wanted}
+    wanting = Counter(name.casefold() for name in plains.values())
+    out: dict[Wanted, str | None] = {}
+    used = set(taken)
+    for w, name in plains.items():
+        folded = name.casefold()
+        if len(name) <= room and folded not in taken and wanting[folded] == 1:
+            out[w] = name
+            used.add(folded)
+    for w in sorted(set(wanted) - set(out), key=lambda w: (w[1], w[2], w[0])):
+        name = _hashed(_safe(w[0]), w[1], w[2], room, used)
+        out[w] = name
+        used.add(name.casefold())
+    return out

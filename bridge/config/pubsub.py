@@ -26,8 +26,13 @@ but an *event table* of the subscription (`event_tables.py`): NGinn's Notify wri
 as its Send does, so only a table no one sends to says that a row is an event, and of which
 subscription. One route per event table (`events.<connection>.<table>`, `EventTableRoute`)
 reads it and sends each row, marked published as the subscribed event, to the subscriber's
-queue (`proxy`), or once to the event's topic (`kafka`, per carrier); the proxy's own route
-then carries only what is sent to the endpoint.
+queue (`proxy`), or once to the event's topic (`kafka`: one table per Kafka connection and
+event, not per carrier, so that adding a Kafka subscriber above another renames nothing); the
+proxy's own route then carries only what is sent to the endpoint.
+
+The carrier of `kafka` on SQL and RabbitMQ is still the first Kafka subscriber in the file: a
+proxy, which must exist for its route to carry the event. Moving it leaves, on RabbitMQ, the
+old carrier's binding (README, "Subscriber on Kafka").
 
 Driver-free, like the registry.
 """
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
-from bridge.config.event_tables import event_table, event_table_route
+from bridge.config.event_tables import Wanted, event_table_route, event_tables
 from bridge.config.kinds import RULES
 from bridge.config.models import DerivedRoute, EventRoute, EventTableRoute
 from bridge.nservicebus.events import kafka_topic
@@ -144,26 +149,38 @@ class PubSub:
         return options if isinstance(options, NGinnOptions) and layout == "nginn" else None
 
     def _with_event_tables(self, made: list[Subscribed]) -> list[Subscribed]:
-        """`made`, each subscription to an NGinn publisher given its event table (one per
-        connection, queue and event: the Kafka subscribers of a carrier share it)."""
-        tables: dict[tuple[str, str, str], str | None] = {}
-        taken: dict[str, set[str]] = {}
+        """`made`, each subscription to an NGinn publisher given its event table: one per
+        connection, subscriber queue and event; the Kafka subscribers of an event on one Kafka
+        connection share one, owned by that connection (not the carrier, which moves with the
+        file's order). Named on each connection all at once (`event_tables`), so that the
+        order of the file names nothing."""
+        wanted: dict[Subscribed, Wanted] = {}
+        for s in made:
+            if s.kind in ("proxy", "kafka") and self.nginn(s.connection) is not None:
+                wanted[s] = self._owner(s)
+        named: dict[tuple[str, Wanted], str | None] = {}
+        for connection in dict.fromkeys(s.connection for s in wanted):
+            here = {w for s, w in wanted.items() if s.connection == connection}
+            room = NGINN_ENDPOINT_CHARS - len(self._endpoint(connection, ""))
+            found = event_tables(here, room, self._taken(connection))
+            named.update({(connection, w): table for w, table in found.items()})
         out = []
         for s in made:
-            if s.kind not in ("proxy", "kafka") or self.nginn(s.connection) is None:
+            if s not in wanted:
                 out.append(s)
                 continue
-            key = (s.connection, s.queue, s.event)
-            if key not in tables:
-                used = taken.setdefault(s.connection, self._taken(s.connection))
-                room = NGINN_ENDPOINT_CHARS - len(self._endpoint(s.connection, ""))
-                named = tables[key] = event_table(s.queue, s.event, room, used)
-                if named is not None:
-                    used.add(named.casefold())
-            table = tables[key]
+            table = named[s.connection, wanted[s]]
             address = s.address if table is None else self._endpoint(s.connection, table)
             out.append(dataclasses.replace(s, table=table, address=address))
         return out
+
+    def _owner(self, s: Subscribed) -> Wanted:
+        """Whose event table `s` reads, as (owner, seed, event): the subscriber's queue, or
+        for a Kafka subscriber its Kafka connection (seeded apart from any queue's name)."""
+        if s.kind == "kafka":
+            home = self.registry.home(s.endpoint)
+            return home, f"kafka:{home}", s.event
+        return s.queue, s.queue, s.event
 
     def _endpoint(self, connection: str, table: str) -> str:
         model = self.registry.config.connections[connection]

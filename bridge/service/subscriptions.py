@@ -251,8 +251,9 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
         topic = config.registry.pubsub.topic(event)
         what = "binding" if kind == "rabbitmq" else "NGinn subscription"
         removed = await _remove_proxy_row(config, s)
+        to = s.address if s.table else repr(s.queue)  # the event table's endpoint, or a proxy
         return (
-            f"{s.connection}: kept the {what} of {event} to {s.address or s.queue!r}: "
+            f"{s.connection}: kept the {what} of {event} to {to}: "
             f"{', '.join(sharing)} also receive(s) it through it (an event goes to Kafka once, "
             f"to topic {topic!r}); {endpoint} stops receiving it when it no longer reads that "
             "topic (remove it from its `subscribes:`)" + removed

@@ -216,8 +216,8 @@ async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: S
     s = site
     placed_tables = {s.tables[sub, s.placed] for sub in (s.shipping, s.billing, s.analytics)}
     assert placed_tables == {
-        f"{sub}_OrderPlaced" for sub in (s.shipping, s.billing, s.analytics)
-    }  # `<queue>_<event>`: they fit NGinn's 50 characters
+        f"{sub}_OrderPlaced" for sub in (s.shipping, s.billing, "kafka")
+    }  # `<queue>_<event>`, Kafka's `<connection>_<event>`: they fit NGinn's 50 characters
     printed = bridge(s.config, "install", "--print-sql").stdout
     assert f'CREATE TABLE IF NOT EXISTS "{s.ng_schema}"."{SUBSCRIPTIONS}"' in printed
     for table in s.tables.values():  # the event tables, created as proxies are

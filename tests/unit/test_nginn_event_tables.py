@@ -11,7 +11,7 @@ table only Notify writes to does. NGinn pastes a table name into its SQL unquote
 from __future__ import annotations
 
 from bridge.commands.inspect import describe_registry, render_registry
-from bridge.config.event_tables import HASH_CHARS, event_table
+from bridge.config.event_tables import HASH_CHARS, event_table, event_tables
 from bridge.config.models import DerivedRoute, EventTableRoute
 from bridge.envelope import Envelope, Headers
 from bridge.transports.memory import Broker
@@ -77,15 +77,56 @@ def test_each_subscription_to_an_nginn_publisher_gets_its_own_table() -> None:
         + subscribes("Audit", "kafka", "L.Placed")
     )
     made = {(s.endpoint, s.event): s for s in config.registry.pubsub.subscriptions()}
-    assert made["Shipping", "L.Placed"].table == "Shipping_Placed"
-    other = made["Shipping", "Other.Placed"].table
-    assert other is not None and other.startswith("Shipping_") and other != "Shipping_Placed"
+    # One short name, two events: both hashed, neither first.
+    placed, other = made["Shipping", "L.Placed"].table, made["Shipping", "Other.Placed"].table
+    assert placed is not None and other is not None and placed != other
+    assert placed.startswith("Shipping_") and other.startswith("Shipping_")
+    assert "Shipping_Placed" not in (placed, other)
     assert made["Returns", "L.Gone"].table == "Returns_Gone"
-    assert made["Shipping", "L.Placed"].address == "sql://ng/Shipping_Placed"
-    # The Kafka subscribers share their carrier's table: the event goes to Kafka once.
-    assert made["Stats", "L.Placed"].table == made["Audit", "L.Placed"].table == "Stats_Placed"
+    assert made["Shipping", "L.Placed"].address == f"sql://ng/{placed}"
+    # The Kafka subscribers share their Kafka connection's table: the event goes there once.
+    assert made["Stats", "L.Placed"].table == made["Audit", "L.Placed"].table == "kafka_Placed"
     tables = [s.table for s in made.values() if s.table]
     assert len(set(tables)) == len(tables) - 1  # Stats and Audit share one
+
+
+def tables(text: str) -> dict[tuple[str, str], str | None]:
+    return {(s.endpoint, s.event): s.table for s in config_of(text).registry.pubsub.subscriptions()}
+
+
+def shipping(*entries: tuple[str, str]) -> str:
+    listed = "\n".join(f"      - {{event: {e}, publisher: {p}}}" for e, p in entries)
+    return f"  Shipping:\n    connection: rabbit\n    subscribes:\n{listed}\n"
+
+
+def test_the_order_of_the_file_names_no_event_table() -> None:
+    """Two events of one short name from two NGinn publishers: swapping the entries keeps each
+    its table. (The bridge never unsubscribes on its own: a renamed table would leave the old
+    row filling a table that its route now reads as the other event.)"""
+    two = NGINN + "  Legacy2:   {connection: ng}\n"
+    before = tables(two + shipping(("A.Placed", "Legacy"), ("B.Placed", "Legacy2")))
+    after = tables(two + shipping(("B.Placed", "Legacy2"), ("A.Placed", "Legacy")))
+    assert before == after
+    assert len(set(before.values())) == 2
+
+
+def test_a_kafka_subscriber_added_above_another_keeps_the_event_table() -> None:
+    """The Kafka subscribers' table is their Kafka connection's, not the carrier's (the first
+    of them in the file): adding one above renames nothing, so NGinn's row stays the one read."""
+    stats = "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+    audit = stats.replace("Stats", "Audit")
+    before = tables(NGINN + stats)
+    after = tables(NGINN + audit + stats)
+    assert before["Stats", "L.Placed"] == after["Stats", "L.Placed"] == "kafka_Placed"
+    assert after["Audit", "L.Placed"] == "kafka_Placed"
+
+
+def test_a_kafka_connection_named_like_a_queue_gets_a_table_of_its_own() -> None:
+    """The Kafka subscribers' owner is hashed apart from a queue of the same name."""
+    wanted = [("kafka", "kafka:kafka", "L.Placed"), ("kafka", "kafka", "L.Placed")]
+    named = event_tables(wanted, 41, set())
+    assert len(set(named.values())) == 2
+    assert event_tables(list(reversed(wanted)), 41, set()) == named
 
 
 def test_an_endpoints_own_queue_is_never_an_event_table() -> None:
@@ -105,12 +146,12 @@ def test_one_route_per_event_table_into_the_subscribers_queue_or_the_events_topi
         + subscribes("Audit", "kafka", "L.Placed")
     )
     routes = {r.name: r for r in config.derived_routes if isinstance(r, EventTableRoute)}
-    assert set(routes) == {"events.ng.Shipping_Placed", "events.ng.Stats_Placed"}
+    assert set(routes) == {"events.ng.Shipping_Placed", "events.ng.kafka_Placed"}
     shipping = routes["events.ng.Shipping_Placed"]
     assert (shipping.from_.connection, shipping.from_.queue) == ("ng", "Shipping_Placed")
     assert (shipping.to.connection, shipping.to.queue) == ("rabbit", "Shipping")
     assert (shipping.endpoint, shipping.event) == ("Shipping", "L.Placed")
-    kafka = routes["events.ng.Stats_Placed"]  # once, whatever the number of Kafka subscribers
+    kafka = routes["events.ng.kafka_Placed"]  # once, whatever the number of Kafka subscribers
     assert (kafka.to.connection, kafka.to.topic) == ("kafka", "L.Placed")
     # The proxies' own routes stay: commands and replies to Shipping and Stats.
     names = {r.name for r in config.derived_routes}

@@ -471,7 +471,7 @@ def test_pub_sub_across_nginn_tables_is_rows_of_nginns_subscription_table() -> N
         # An NGinn publisher: its own table's endpoint, the subscription's event table
         # subscribing (`event_tables.py`; test_nginn_event_tables.py).
         ("Shipping", "proxy"): ("sql://ng/Legacy", "sql://ng/Shipping_Placed", "Lg.Placed"),
-        ("Stats", "kafka"): ("sql://ng/Legacy", "sql://ng/Stats_Placed", "Lg.Placed"),
+        ("Stats", "kafka"): ("sql://ng/Legacy", "sql://ng/kafka_Placed", "Lg.Placed"),
         # A Kafka publisher's event, published on NGinn as the publisher's proxy there.
         ("Books", "home"): ("sql://ng/Inventory", "sql://ng/Books", "I.Stock"),
     }
@@ -512,18 +512,22 @@ def test_nginn_subscription_rows_must_fit_nginns_columns() -> None:
     assert f"proxy endpoint of {publisher!r} on 'ng'" in error and "holds 50" in error, error
 
 
-async def test_unsubscribing_a_kafka_subscriber_keeps_the_nginn_row_others_share() -> None:
+async def test_unsubscribing_a_kafka_subscriber_keeps_the_nginn_row_others_share(
+    tmp_path: Path,
+) -> None:
     """NGinn's row is keyed by (publisher, message type, subscriber): every Kafka subscriber of
-    the event shares the carrier's, so unsubscribing one by hand must not cut the other off."""
+    the event shares its Kafka connection's event table, so unsubscribing one by hand must not
+    cut the other off."""
     from bridge.service.subscriptions import change
 
     config = config_of(
-        NGINN
+        NGINN.replace("/tmp/ng.db", str(tmp_path / "ng.db"))
         + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
         + "  Audit: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
     )
-    said = await change(config, "Audit", "L.Placed", subscribe=False)  # connects to nothing
-    assert said.startswith("ng: kept the NGinn subscription of L.Placed to 'Stats'"), said
+    said = await change(config, "Audit", "L.Placed", subscribe=False)
+    kept = "ng: kept the NGinn subscription of L.Placed to sql://ng/kafka_Placed: Stats also"
+    assert said.startswith(kept), said
 
 
 def test_an_nginn_subscriber_of_an_event_without_an_nginn_type_is_refused() -> None:
