@@ -197,6 +197,47 @@ def subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> No
                 f"event {s.event!r} (its topic)",
                 at.at(("events", s.event, "topic")) if written else where,
             )
+    _publishing_loops(config, registry, at)
+
+
+def _publishing_loops(config: BridgeConfig, registry: Registry, at: Positions) -> None:
+    """A written route with `publish: true` must not read a topic to which the bridge sends an
+    event published on the route's destination (by a Kafka carrier's route or an NGinn event
+    table's): each event would be published there again, reach the Kafka subscribers'
+    subscription again and come back to the topic, for ever. On NGinn tables only when the
+    route publishes as the event's publisher (its `to.queue`), whose subscribers they are."""
+    pubsub = registry.pubsub
+    produced: dict[tuple[str, str], list[Subscribed]] = {}
+    for s in pubsub.subscriptions():
+        if s.kind == "kafka":
+            key = (registry.home(s.endpoint), pubsub.topic(s.event))
+            produced.setdefault(key, []).append(s)
+    for i, route in enumerate(config.routes):
+        if not route.publish or route.from_.topic is None:
+            continue
+        topic = route.from_.topic
+        for s in produced.get((route.from_.connection, topic), []):
+            if route.to.connection != s.connection:
+                continue
+            as_ = f"{s.connection!r}"
+            if pubsub.nginn(s.connection) is not None:
+                model = config.connections[s.connection]
+                queue = route.to.queue
+                publisher = registry.address(s.publisher, s.connection)
+                if queue is None or (
+                    str(RULES[model.type].canonical_address(model, queue)).casefold()
+                    != publisher.casefold()
+                ):
+                    continue
+                as_ = f"{s.connection!r} as {publisher}"
+            raise ConfigError(
+                f"route {route.name!r} publishes on {as_} what it reads from topic {topic!r} "
+                f"on {route.from_.connection!r}, where the bridge sends event {s.event!r} that "
+                f"{s.publisher!r} publishes there, for Kafka subscriber {s.endpoint!r}: each "
+                "event would be published again, reach that subscription and come back to the "
+                "topic, for ever; read another topic, or give the event its own under `events:`",
+                at.at(("routes", i, "from", "topic")),
+            )
 
 
 def _nginn_subscription(s: Subscribed, pubsub: PubSub, where: str) -> None:

@@ -553,3 +553,48 @@ def test_an_nginn_subscriber_of_an_event_without_an_nginn_type_is_refused() -> N
         "  Old: {connection: ng2, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
     )
     config_of(text)
+
+
+PUBLISHING_LOOP = """\
+connections:
+  pg:     {type: postgresql, dsn: "host=127.0.0.1", schema: shop}
+  kafka:  {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+endpoints:
+  Sales: {connection: pg}
+  Stats: {connection: kafka, subscribes: [{event: S.Placed, publisher: Sales}]}
+routes:
+  - name: loop
+    from: {connection: kafka, topic: S.Placed, group: g1}
+    to: {connection: pg}
+    publish: true
+"""
+
+
+def test_a_written_publishing_route_reading_a_topic_the_bridge_fills_is_refused() -> None:
+    """Stats (Kafka) subscribes to Sales' S.Placed: the carrier's route produces each event to
+    topic `S.Placed`. A written route publishing what it reads there on pg again reaches
+    Stats' subscription, and the event goes round for ever."""
+    error = error_of(PUBLISHING_LOOP)
+    assert error.startswith("routes.yaml:9:38:"), error  # from.topic
+    assert "'loop'" in error and "come back" in error and "S.Placed" in error, error
+    # Publishing on another connection, or reading another topic: no loop.
+    config_of(PUBLISHING_LOOP.replace("topic: S.Placed", "topic: s.placed.in"))
+
+
+def test_a_written_route_publishing_as_the_nginn_publisher_what_its_event_table_fills() -> None:
+    """On NGinn tables: Stats' event table's route produces Legacy's L.Placed to topic
+    `L.Placed`; a route publishing it on ng as Legacy reaches that event table again."""
+    text = (
+        NGINN
+        + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+        + "routes:\n"
+        + "  - name: back\n"
+        + "    from: {connection: kafka, topic: L.Placed, group: g1}\n"
+        + "    to: {connection: ng, queue: Legacy}\n"
+        + "    publish: true\n"
+    )
+    error = error_of(text)
+    assert "'back'" in error and "as sql://ng/Legacy" in error and "come back" in error, error
+    assert error.startswith("routes.yaml:12:38:"), error
+    # As another publisher, whose subscribers the event table is not: no loop.
+    config_of(text.replace("queue: Legacy", "queue: Other"))
