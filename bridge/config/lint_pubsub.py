@@ -140,7 +140,12 @@ def subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> No
         i = [x.event for x in config.endpoints[s.endpoint].subscribes].index(s.event)
         where = at.at(("endpoints", s.endpoint, "subscribes", i))
         kinds = {config.connections[c].type for c in (s.connection, registry.home(s.endpoint))}
-        if s.kind in ("proxy", "kafka") and not registry.has_place(s.queue, s.connection):
+        nginn = pubsub.nginn(s.connection) is not None  # event tables, no proxy, carry it
+        if (
+            s.kind in ("proxy", "kafka")
+            and not nginn
+            and not registry.has_place(s.queue, s.connection)
+        ):
             raise ConfigError(
                 f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on "
                 f"{s.connection!r}, where it has no proxy (`proxies: connections` leaves "

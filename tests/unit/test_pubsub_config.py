@@ -598,3 +598,24 @@ def test_a_written_route_publishing_as_the_nginn_publisher_what_its_event_table_
     assert error.startswith("routes.yaml:12:38:"), error
     # As another publisher, whose subscribers the event table is not: no loop.
     config_of(text.replace("queue: Legacy", "queue: Other"))
+
+
+def test_a_subscriber_of_an_nginn_publisher_needs_no_proxy_there() -> None:
+    """The events of an NGinn publisher come through event tables, whose routes need no proxy
+    on the publisher's connection: `proxies: {connections: [rabbit, kafka]}` is enough."""
+    config = config_of(
+        NGINN
+        + "  Shipping: {connection: rabbit, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+        + "  Stats: {connection: kafka, subscribes: [{event: L.Placed, publisher: Legacy}]}\n"
+        + "proxies: {connections: [rabbit, kafka]}\n"
+    )
+    routes = {r.name for r in config.derived_routes}
+    assert {"events.ng.Shipping_Placed", "events.ng.kafka_Placed"} <= routes, routes
+    assert not [r for r in routes if r.startswith("proxy.ng.")], routes
+    # A publisher with proxies of its own kind (RabbitMQ here) still needs the proxy.
+    error = error_of(
+        NGINN
+        + "  Books: {connection: ng, subscribes: [{event: W.Shipped, publisher: Warehouse}]}\n"
+        + "proxies: {connections: [ng, kafka]}\n"
+    )
+    assert "where it has no proxy" in error, error
