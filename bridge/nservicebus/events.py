@@ -5,6 +5,13 @@ Facts (messaging-bridge.md §2):
 - a published message carries `NServiceBus.MessageIntent = Publish`; the Messaging Bridge's
   proxies drop `Subscribe` and `Unsubscribe` control messages, the intent read without regard
   to case (EndpointProxyFactory.cs:27-29, 72-81 of Particular/NServiceBus.MessagingBridge@ef463cf);
+- NGinn.MessageBus subscribes by sending the publisher a message (`SubscribeAt` and
+  `UnsubscribeAt`, Impl/MessageBus.cs:500-508 of lafar6502/nginn-messagebus @1fa4baf) of class
+  `NGinnBPM.MessageBus.Messages.SubscribeRequest` or `.UnsubscribeRequest`
+  (Messages/SubscribeRequest.cs:6-11, UnsubscribeRequest.cs:6-8), which the publisher's
+  `SubscriptionMsgHandler` turns into its subscription row (Impl/SubscriptionMsgHandler.cs:
+  31-60); a row read from NGinn tables names its body's `$type` in `EnclosedMessageTypes`
+  (`nginn_rows`), by which a proxy drops these as it drops NServiceBus's;
 - `NServiceBus.EnclosedMessageTypes` lists `;`-joined assembly-qualified names, most derived
   first; without .NET types, a message's topics are each entry's full name (the text before the
   first comma) and `System.Object`, which every class derives from (PolymorphicSubscriptionStore.cs:
@@ -29,6 +36,7 @@ from bridge.envelope import Envelope, Headers
 __all__ = [
     "ENCLOSED_TYPES",
     "MESSAGE_INTENT",
+    "NGINN_CONTROL",
     "OBJECT",
     "PUBLISH",
     "exchange_name",
@@ -47,6 +55,11 @@ ENCLOSED_TYPES = "NServiceBus.EnclosedMessageTypes"
 PUBLISH = "Publish"
 OBJECT = "System.Object"
 _CONTROL = ("subscribe", "unsubscribe")
+#: NGinn's subscription requests, by their classes' full names.
+NGINN_CONTROL = (
+    "NGinnBPM.MessageBus.Messages.SubscribeRequest",
+    "NGinnBPM.MessageBus.Messages.UnsubscribeRequest",
+)
 
 #: A C# identifier: a letter or `_`, then letters, digits or `_`, in any script (C# takes
 #: Unicode letters: `Ventes.CommandePassée`); a generic type's arity after a backtick.
@@ -75,9 +88,13 @@ def intent(headers: Headers) -> str | None:
 
 
 def is_control(headers: Headers) -> bool:
-    """A Subscribe or Unsubscribe control message, as the Messaging Bridge recognises one."""
+    """A Subscribe or Unsubscribe control message, as the Messaging Bridge recognises one, or
+    NGinn's SubscribeRequest or UnsubscribeRequest (its type, the first enclosed one)."""
     value = intent(headers)
-    return value is not None and value.strip().lower() in _CONTROL
+    if value is not None and value.strip().lower() in _CONTROL:
+        return True
+    enclosed = headers.get(ENCLOSED_TYPES)
+    return bool(enclosed) and topics_of(headers)[0] in NGINN_CONTROL
 
 
 def is_published(headers: Headers) -> bool:

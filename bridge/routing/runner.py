@@ -315,7 +315,8 @@ class RouteRunner:
             self._log_error_queue(failed, batch, refused)
 
     def _without_control(self, envelopes: list[Envelope]) -> list[Envelope]:
-        """`envelopes` but Subscribe/Unsubscribe control messages, which leave with the commit
+        """`envelopes` but Subscribe/Unsubscribe control messages (NServiceBus's, and NGinn's
+        SubscribeRequest/UnsubscribeRequest: `is_control`), which leave with the commit
         (EndpointProxyFactory.cs:27-29 of Particular/NServiceBus.MessagingBridge@ef463cf)."""
         kept = [e for e in envelopes if not is_control(e.headers)]
         dropped = len(envelopes) - len(kept)

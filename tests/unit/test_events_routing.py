@@ -87,6 +87,30 @@ async def test_a_proxy_drops_control_messages_and_counts_events_by_type() -> Non
     }
 
 
+async def test_a_proxy_drops_nginns_subscription_requests() -> None:
+    """NGinn subscribes by sending its publisher a SubscribeRequest (UnsubscribeRequest to end
+    it: lafar6502/nginn-messagebus @1fa4baf Impl/MessageBus.cs:500-508, Messages/
+    SubscribeRequest.cs:6-11, UnsubscribeRequest.cs:6-8); one that reaches a proxy on NGinn
+    tables (its `$type` in EnclosedMessageTypes, as the row mapping reads it) is dropped and
+    counted, as NServiceBus's Subscribe is."""
+    transport = Transport(broker=Broker())
+    route = derived_route()
+    nginn = "NGinnBPM.MessageBus.Messages.{}, NGinnBPM.MessageBus"
+    await transport.sink(route.from_.address).send(
+        [
+            message(0, "Send", nginn.format("SubscribeRequest")),
+            message(1, "Send", nginn.format("UnsubscribeRequest")),
+            message(2, "Send", "Sales.SubscribeRequest, Sales"),  # a command of that name
+            message(3, "Send", PLACED, nginn.format("SubscribeRequest")),  # not its own type
+        ]
+    )
+    runner = runner_for(route, transport)
+    destination = transport.broker.queue(route.to.address)
+    await run_until(runner, lambda: len(destination) == 2)
+    assert [e.message_id for e in destination] == ["id-2", "id-3"]  # type: ignore[union-attr]
+    assert runner.stats.control_dropped == 2
+
+
 async def test_a_written_route_that_publishes_drops_control_messages_too() -> None:
     """A Subscribe that reaches a topic a written `publish: true` route reads is no event: it
     is not published to every subscriber (as a proxy drops it, EndpointProxyFactory.cs:72-81)."""
