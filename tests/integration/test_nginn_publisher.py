@@ -24,6 +24,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import TypeAdapter
 
 from bridge.envelope import Envelope, Headers
+from bridge.errors import BridgeError
 from bridge.telemetry.metrics import Metrics
 from bridge.transports.sql.config import SqlConnection
 from bridge.transports.sql.nginn_publish import NGinnPublisher
@@ -173,6 +174,42 @@ async def test_unreachable_subscribers_are_skipped_counted_and_logged_once(
         ("local", "publisher"): 3,
         (pub, "publisher"): 3,
     }
+
+
+async def test_a_skipped_copy_is_counted_once_its_batch_is_committed(
+    place: dict[str, Any],
+) -> None:
+    """A batch whose insert fails (a subscriber's table is missing) writes nothing and counts
+    no skipped copy; sent again once it can be written, each skip counts once."""
+    transport = transport_of(place)
+    billing, pub = unique("Billing"), "sql://db/Sales"
+    await transport.install(["Sales"])  # not Billing's table yet
+    table = NGinnSubscriptionTable(transport.dialect, TABLE)
+    try:
+        await table.create()
+        for subscriber in ("local", f"sql://db/{billing}"):
+            await table.subscribe(pub, subscriber, "Lg.Base")
+    finally:
+        await table.close()
+    counted: list[tuple[str, str]] = []
+    sink = NGinnPublisher(
+        transport.dialect,
+        transport.config,
+        pub,
+        transport.pool,
+        on_skipped=lambda subscriber, reason: counted.append((subscriber, reason)),
+    )
+    try:
+        with pytest.raises(BridgeError):
+            await sink.send([event("e-1")])
+        assert (sink.skipped, counted) == ({}, [])
+        await transport.install([billing])
+        await sink.send([event("e-1")])  # the batch again, as the runner sends it
+    finally:
+        await sink.close()
+        await transport.close()
+    assert sink.skipped == {("local", "publisher"): 1}
+    assert counted == [("local", "publisher")]
 
 
 def nservicebus_event(message_id: str) -> Envelope:

@@ -32,9 +32,9 @@ Failures
 
 What is lossy
     What an NGinn row cannot hold (`nginn_rows`). Two kinds of subscriber rows get no copy,
-    the others theirs: each skipped copy is counted (`skipped`, and `on_skipped`, which the
-    service turns into the `bridge_nginn_copies_skipped_total` metric) and each such endpoint
-    logged once as a warning:
+    the others theirs: each skipped copy is counted once its batch is committed (`skipped`,
+    and `on_skipped`, which the service turns into the `bridge_nginn_copies_skipped_total`
+    metric) and each such endpoint logged once as a warning:
     - an endpoint of another alias (another database), which NGinn reaches by forwarding and
       the bridge does not (`other_database`);
     - the publisher itself (`publisher`): NGinn's special subscriber `local`, which NGinn maps
@@ -129,16 +129,19 @@ class NGinnPublisher(Publisher):
     def _unique_id(self) -> str:
         return f"{self._seed}{next(self._counter)}"
 
-    def _reachable(self, subscribers: list[str]) -> list[tuple[str, str]]:
-        """(endpoint, table) of each subscriber that gets a copy; the others are skipped."""
+    def _reachable(
+        self, subscribers: list[str], skipped: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """(endpoint, table) of each subscriber that gets a copy; the others are added to
+        `skipped` (subscriber, reason), counted once the batch is committed."""
         out: list[tuple[str, str]] = []
         for subscriber in subscribers:
             local = subscriber.casefold() == LOCAL
             table = self._own_table if local else nginn_table(self._config, subscriber)
             if table is None:
-                self._skip(subscriber, "other_database")
+                skipped.append((subscriber, "other_database"))
             elif table == self._own_table:
-                self._skip(subscriber, "publisher")
+                skipped.append((subscriber, "publisher"))
             else:
                 out.append((subscriber, table))
         return out
@@ -170,11 +173,17 @@ class NGinnPublisher(Publisher):
         )
 
     def _copies(
-        self, envelope: Envelope, subscribers: list[str], now: float, where: str, index: int
+        self,
+        envelope: Envelope,
+        subscribers: list[str],
+        now: float,
+        where: str,
+        index: int,
+        skipped: list[tuple[str, str]],
     ) -> list[tuple[str, OutgoingNGinnRow]] | MessageRejected:
         layout = self._dialect.layout
         out = []
-        for n, (subscriber, table) in enumerate(self._reachable(subscribers)):
+        for n, (subscriber, table) in enumerate(self._reachable(subscribers, skipped)):
             try:
                 row: OutgoingNGinnRow = layout.outgoing(envelope, now, address=table)
             except HeadersFormatError as exc:
@@ -195,14 +204,16 @@ class NGinnPublisher(Publisher):
 
     def _publish(self, envelopes: list[Envelope], db: DbConnection) -> MessageRejected | None:
         """Look the subscribers up, then insert every copy in one transaction; a message that
-        cannot be published is returned before anything is written."""
+        cannot be published is returned before anything is written. The copies not written are
+        counted after the commit only, so that a batch sent again is not counted twice."""
         now = time.time()
         where = f"{self._dialect.describe()}: publish as {self._endpoint}"
         rows: dict[str, list[Sequence[object]]] = {}
+        skipped: list[tuple[str, str]] = []
         for index, received in enumerate(envelopes):
             envelope = published(received, self._event)
             subscribers = self._subscribers(db, self.message_types(envelope), time.monotonic())
-            copies = self._copies(envelope, subscribers, now, where, index)
+            copies = self._copies(envelope, subscribers, now, where, index, skipped)
             if isinstance(copies, MessageRejected):
                 return copies
             for table, row in copies:
@@ -214,4 +225,6 @@ class NGinnPublisher(Publisher):
             for table, inserted in rows.items():
                 cursor.executemany(self._dialect.send_statement(db, table), inserted)
             db.commit()
+        for subscriber, reason in skipped:
+            self._skip(subscriber, reason)
         return None
