@@ -19,8 +19,11 @@ Guarantees
     message id and the subscriber endpoint (`copy_id`: a name-based UUID's 32 hex digits, within
     `unique_id`'s 40 characters), so that an event delivered again (after a crash before the
     source's commit) reaches every subscriber with the unique id it had the first time, and
-    each can recognise it as a duplicate. A message without an id gets NGinn's form for each
-    copy (nothing to derive from).
+    each can recognise it as a duplicate. That holds while the set of subscribers stays the
+    same between the deliveries: the first copy goes to the first subscriber endpoint in
+    order, so a subscriber added or removed in between can move the message's own id to
+    another subscriber, and the one that had it gets a derived id. A message without an id
+    gets NGinn's form for each copy (nothing to derive from).
     Every copy of a `send` in one transaction, which returns only after COMMIT. A lookup is
     kept `CACHE_FOR` seconds, as `SqlPublisher` keeps its own (NGinn keeps its for an hour,
     SqlSubscriptionService.cs:26). An event nobody subscribes to is dropped, as NGinn drops it.
