@@ -38,7 +38,7 @@ from bridge.protocols import Checkpoint, Sink, Transport
 from bridge.service.movers import MAX_BACKOFF, MAX_WAIT, MIN_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.delay_table import DelayRow, DelayTable
+from bridge.transports.sql.delay_table import PUT_OFF, DelayRow, DelayTable
 from bridge.transports.sql.delayed import MOVE_BATCH
 from bridge.transports.sql.dialects.base import DbConnection
 from bridge.transports.sql.transport import Transport as SqlTransport
@@ -198,6 +198,8 @@ class DelayedProducer:
         self._sinks: dict[tuple[str, str, str | None], Sink] = {}
         self.batch = batch
         self.table = DelayTable(store.dialect, error_queue)
+        #: Error copies that could not be written since start (rows left in BridgeDelays).
+        self.uncopied = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
         db = Connection(self.store.dialect, pool=self.store.pool)
@@ -240,8 +242,10 @@ class DelayedProducer:
         A row that can never be sent (its destination refuses it for good, a record too large;
         a connection the config no longer names; Headers that cannot be read) goes to the
         error queue of the `delays:` connection with the reason, logged as an error, and the
-        others are sent: it never holds up the rows behind it, nor makes them go out again. A
-        failure that may pass rolls everything back (sent again: at least once).
+        others are sent: it never holds up the rows behind it, nor makes them go out again,
+        also when its error copy cannot be written (the rows sent are deleted first; it stays,
+        put off, `_to_error_queue`). A failure that may pass before the deletes rolls
+        everything back (sent again: at least once).
         """
         taken = await db.run(partial(self.table.take_due, self.batch))
         if not taken:
@@ -257,25 +261,50 @@ class DelayedProducer:
         failed |= {readable[i]: reason for i, reason in refused.items()}
         sent = [row.id for i, row in enumerate(taken) if i not in failed]
         errors = [(taken[i], failed[i]) for i in sorted(failed)]
-        for row, reason in errors:
-            log.error(
-                "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent: %s; it "
-                "goes to %s on connection %r",
-                row.envelope.message_id,
-                row.id,
-                row.connection,
-                row.address,
-                reason,
-                self.table.error_queue,
-                self.store.name,
-            )
         try:
             await db.run(partial(self.table.settle, sent, errors))
         except BaseException:
             with contextlib.suppress(BridgeError):
                 await db.run(_roll_back)
             raise
+        for row, reason in errors:
+            await self._to_error_queue(db, row, reason)
         return True
+
+    async def _to_error_queue(self, db: Connection, row: DelayRow, reason: str) -> None:
+        """Write the error copy of a row that can never be sent (`settle` deleted the rows
+        sent with it and put this one off); one that cannot be written stays, due again in
+        `PUT_OFF` seconds, logged and counted (`uncopied`)."""
+        where = f"{self.table.error_queue!r} on connection {self.store.name!r}"
+        try:
+            await db.run(partial(self.table.copy_to_error_queue, row, reason))
+        except BridgeError as exc:
+            self.uncopied += 1
+            log.error(
+                "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent (%s), and "
+                "its error copy cannot be written to %s: %s; the row stays in BridgeDelays and "
+                "its copy is tried again in %d s (%d such failure(s) so far)",
+                row.envelope.message_id,
+                row.id,
+                row.connection,
+                row.address,
+                reason,
+                where,
+                exc,
+                PUT_OFF,
+                self.uncopied,
+            )
+            return
+        log.error(
+            "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent: %s; it "
+            "went to %s",
+            row.envelope.message_id,
+            row.id,
+            row.connection,
+            row.address,
+            reason,
+            where,
+        )
 
     async def _give_back(self, db: Connection, rows: list[DelayRow]) -> None:
         """The rows taken are due again as they were; a failure here leaves a SQLite claim to

@@ -242,9 +242,12 @@ async def test_a_delay_with_a_time_to_live_is_refused_and_peek_shows_what_waits(
 
 class Refusing:
     """A sink that refuses the message with id `refused` (as Kafka refuses a record too
-    large), and keeps the others."""
+    large), and keeps the others (`whole`: a send that refuses one keeps none, and the
+    producer sends the others again)."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: str = "refused", whole: bool = False) -> None:
+        self.refused = refused
+        self.whole = whole
         self.sent: list[str] = []
         self.later = asyncio.Event()
 
@@ -252,11 +255,17 @@ class Refusing:
         from bridge.errors import MessageRejected
 
         for index, envelope in enumerate(envelopes):
-            if envelope.message_id == "refused":
+            if envelope.message_id == self.refused:
                 raise MessageRejected("too large", index=index)
-            self.sent.append(envelope.message_id)
-            if envelope.message_id == "later":
-                self.later.set()
+            if not self.whole:
+                self.took(envelope)
+        for envelope in envelopes if self.whole else ():
+            self.took(envelope)
+
+    def took(self, envelope: Envelope) -> None:
+        self.sent.append(envelope.message_id)
+        if envelope.message_id == "later":
+            self.later.set()
 
     async def close(self) -> None:
         pass
@@ -619,3 +628,77 @@ async def test_a_mover_that_sees_due_rows_it_cannot_take_waits_between_looks(
     # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
     assert MIN_WAIT == 0.05
     assert moves <= 8, f"{moves} moves in {seconds:.1f} s: the mover polls in a loop"
+
+
+LONG_ID = "x" * 41  # longer than NGinn's unique_id (40 characters), fine for Kafka
+
+
+def nginn_delays_on_sqlite(tmp_path: Path) -> tuple[Any, SqlTransport]:
+    """As `kafka_delayed_on_sqlite`, its `delays:` connection of NGinn tables."""
+    from bridge.config.models import BridgeConfig
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {
+                    "type": "sqlite",
+                    "path": str(tmp_path / "q.db"),
+                    "layout": "nginn",
+                    "nginn": {"alias": "ng", "timezone": "UTC"},
+                },
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    return config, lite
+
+
+@pytest.mark.parametrize("case", ["error queue missing", "nginn copy too long"])
+async def test_a_refused_row_whose_error_copy_cannot_be_written_never_sends_the_others_again(
+    tmp_path: Path, case: str
+) -> None:
+    """The rows sent are deleted whatever becomes of the error copy of a row refused for good
+    with them: a copy that cannot be written (the error queue's table dropped; an NGinn error
+    queue, whose unique_id holds 40 characters, nginn_rows.py `outgoing`) leaves the refused
+    row in BridgeDelays, put off by `PUT_OFF` seconds and counted, and the good row goes out
+    once (before: the whole settle rolled back, the good row was sent again at each take)."""
+    from bridge.service.delaying import DelayedProducer, delaying_sink
+    from bridge.transports.sql.delay_table import PUT_OFF
+
+    if case == "error queue missing":
+        config, lite = kafka_delayed_on_sqlite(tmp_path)
+        refused_id = "refused"
+    else:
+        config, lite = nginn_delays_on_sqlite(tmp_path)
+        refused_id = LONG_ID
+    inner = Refusing(refused_id, whole=True)
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        if case == "error queue missing":
+            with sqlite3.connect(tmp_path / "q.db") as db:
+                db.execute('DROP TABLE "bridge.error"')
+        due = time.time() + 0.3
+        sink = delaying_sink(config, "kafka", "a", None, inner, lambda name: lite)
+        for message_id in ("good", refused_id):
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            await sink.send([Envelope(headers, b"{}", deliver_at=due)])
+        producer = DelayedProducer(lite, lambda connection, address, key: inner)
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.sleep(3.0)  # time to send the good row again, were it to
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await lite.close()
+    assert inner.sent == ["good"]
+    assert producer.uncopied == 1
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        (waiting,) = db.execute(
+            "SELECT Headers, (julianday(Due) - julianday('now')) * 86400.0 FROM \"BridgeDelays\""
+        ).fetchall()
+    assert refused_id in waiting[0]
+    assert PUT_OFF - 10 < waiting[1] <= PUT_OFF

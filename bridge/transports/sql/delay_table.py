@@ -14,9 +14,14 @@ deletes them in that transaction only after the destination acknowledged them, s
 between the two sends them again (at least once, never lost). A row that can never be sent
 (its destination refuses it for good, its connection is no longer in the config, its Headers
 column cannot be read) goes to the error queue instead: its error-queue copy
-(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers, `NServiceBus.FailedQ`
-its destination) is inserted into the queue table `error_queue` of the same connection
-(`delays: {error_queue}`, `bridge.error` by default) and the row deleted, in one transaction.
+(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers) is inserted into the
+queue table `error_queue` of the same connection (`delays: {error_queue}`, `bridge.error` by
+default) and the row deleted, in one transaction of its own (`copy_to_error_queue`). The rows
+sent are deleted first, in the take's transaction, with the refused rows put off by `PUT_OFF`
+seconds (`settle`): a copy that cannot be written (the error queue's table is missing, or an
+NGinn-layout error queue cannot hold the message, its id longer than NGinn's unique_id) never
+undoes the deletes of the rows sent, which would send them again and again; the refused row
+stays, due again `PUT_OFF` seconds later, when its copy is tried again.
 
 SQLite has no row locks: a transaction left open across the send would hold the file's write
 lock, and every other writer of the file (routes, endpoints) would wait for the network. There
@@ -42,13 +47,25 @@ from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_id
 
-__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable", "read_headers", "write_headers"]
+__all__ = [
+    "CLAIM_FOR",
+    "PUT_OFF",
+    "TABLE",
+    "DelayRow",
+    "DelayTable",
+    "read_headers",
+    "write_headers",
+]
 
 TABLE = "BridgeDelays"
 #: SQLite: seconds a taken row is claimed for its send, far beyond what a send takes (Kafka's
 #: requests time out after `request_timeout_ms`, 40 s by default). A claim outlived (the
 #: producer died mid-send) makes the row due again: at least once.
 CLAIM_FOR = 300
+#: Seconds a row that can never be sent waits before its error copy is tried again, when the
+#: copy could not be written (module docstring); its destination is not sent it again until
+#: the copy is written (a refusal for good is final).
+PUT_OFF = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +121,7 @@ class DelayTable:
                 "SELECT count(*), (CAST(min(Due) AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
                 f"FROM {t} WHERE Connection = ? AND Address = ?"
             )
+            self.put_off = f"UPDATE {t} SET Due = DATEADD(s, ?, GETUTCDATE()) WHERE Id = ?"
         elif d.kind == "postgresql":
             self.create = (
                 f"CREATE TABLE IF NOT EXISTS {t} (\n  Id uuid NOT NULL PRIMARY KEY,\n"
@@ -129,6 +147,7 @@ class DelayTable:
                 f"SELECT count(*), EXTRACT(EPOCH FROM min(Due) - now()) FROM {tp} "
                 f"WHERE Connection = {p} AND Address = {p}"
             )
+            self.put_off = f"UPDATE {tp} SET Due = now() + {p} * INTERVAL '1 second' WHERE Id = {p}"
         else:
             self.create = (
                 f"CREATE TABLE IF NOT EXISTS {t} (\n  Id TEXT NOT NULL PRIMARY KEY,\n"
@@ -149,6 +168,10 @@ class DelayTable:
             self.waiting = (
                 f"SELECT count(*), (julianday(min(Due)) - julianday('now')) * 86400.0 FROM {t} "
                 "WHERE Connection = ? AND Address = ?"
+            )
+            self.put_off = (
+                f"UPDATE {t} SET Due = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ? || ' seconds') "
+                "WHERE Id = ?"
             )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
 
@@ -218,21 +241,32 @@ class DelayTable:
     def settle(
         self, sent: Sequence[str], failed: Sequence[tuple[DelayRow, str]], db: DbConnection
     ) -> None:
-        """In the transaction `take_due` left open (SQLite: a new one): insert the error copy
-        of each failed row (refused for good, or unreadable) into `error_queue` with its
-        reason, delete the rows sent and failed, and commit: copies and deletes together or
-        not at all."""
+        """In the transaction `take_due` left open (SQLite: a new one): delete the rows sent,
+        put the failed ones (refused for good, or unreadable) off by `PUT_OFF` seconds, and
+        commit. Their error copies are written afterwards, each on its own
+        (`copy_to_error_queue`): one that cannot be written never undoes these deletes."""
         if self.dialect.kind == "sqlite":
             self.dialect.begin(db)
         cursor = db.cursor()
         if failed:
-            d, now, queue = self.dialect, time.time(), self.error_queue
-            copies = [_error_copy(row, reason) for row, reason in failed]
-            rows = [d.send_params(d.layout.outgoing(c, now, address=queue)) for c in copies]
-            cursor.executemany(d.send_statement(db, queue), rows)
-        gone = [*sent, *(row.id for row, _ in failed)]
-        if gone:
-            cursor.executemany(self.delete, [(i,) for i in gone])
+            cursor.executemany(self.put_off, [(PUT_OFF, row.id) for row, _ in failed])
+        if sent:
+            cursor.executemany(self.delete, [(i,) for i in sent])
+        db.commit()
+
+    def copy_to_error_queue(self, row: DelayRow, reason: str, db: DbConnection) -> None:
+        """Insert the error copy of `row` (`_error_copy`) into `error_queue` and delete the
+        row, in one transaction; a failure (the table missing, a copy the error queue's layout
+        cannot hold: HeadersFormatError) leaves the row as `settle` put it off."""
+        d = self.dialect
+        copy = d.send_params(
+            d.layout.outgoing(_error_copy(row, reason), time.time(), address=self.error_queue)
+        )
+        if d.kind == "sqlite":
+            d.begin(db)
+        cursor = db.cursor()
+        cursor.execute(d.send_statement(db, self.error_queue), copy)
+        cursor.execute(self.delete, (row.id,))
         db.commit()
 
     def seconds_to_next_due(self, db: DbConnection) -> float | None:
