@@ -11,7 +11,10 @@ connection instead, `delay_table`). A delay waits at most `MAX_WAIT` seconds pas
 time (plus the send), whether or not the process that stored it still runs. A look that
 finds a row due but takes none (another producer holds it) waits `MIN_WAIT` seconds before the
 next, twice as long each time that repeats, up to `MAX_WAIT`, as the movers do: the producer
-never polls in a loop.
+never polls in a loop. A destination whose send fails in a way that may pass (its Kafka
+cluster down) backs off on its own, 1 s doubled each time in a row up to `MAX_BACKOFF`: its
+rows are given back and left out of the takes meanwhile, so one destination that is down never
+holds up the delayed messages of the others.
 """
 
 from __future__ import annotations
@@ -200,6 +203,9 @@ class DelayedProducer:
         self.table = DelayTable(store.dialect, error_queue)
         #: Error copies that could not be written since start (rows left in BridgeDelays).
         self.uncopied = 0
+        #: Destinations (connection, address) whose send failed in a way that may pass: how
+        #: many times in a row, and until when (`time.monotonic`) their rows are left alone.
+        self.backing_off: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def run(self, stopping: asyncio.Event) -> None:
         db = Connection(self.store.dialect, pool=self.store.pool)
@@ -208,17 +214,20 @@ class DelayedProducer:
         try:
             while not stopping.is_set():
                 try:
-                    if await self._produce_due(db):
+                    skip = self._skipped()
+                    if await self._produce_due(db, skip):
                         failures = stalls = 0
                         await asyncio.sleep(0)
                         continue
-                    next_due = await db.run(self.table.seconds_to_next_due)
+                    next_due = await db.run(partial(self.table.seconds_to_next_due, skip=skip))
                     failures = 0
                     stalls = stalls + 1 if next_due is not None and next_due <= 0 else 0
                     if stalls:  # due rows another producer holds: look again after a while
                         wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
                     else:
                         wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    if skip:  # a destination backing off may be due again before that
+                        wait = min(wait, self._until_back() - time.monotonic())
                 except BridgeError as exc:
                     stalls = 0
                     failures += 1
@@ -234,7 +243,32 @@ class DelayedProducer:
                 await sink.close()
             await db.close()
 
-    async def _produce_due(self, db: Connection) -> bool:
+    def _skipped(self) -> list[tuple[str, str]]:
+        """The destinations backing off now (`backing_off`)."""
+        now = time.monotonic()
+        return [to for to, (_, until) in self.backing_off.items() if until > now]
+
+    def _until_back(self) -> float:
+        """When the first destination backing off is tried again (`time.monotonic`)."""
+        now = time.monotonic()
+        return min((until for _, until in self.backing_off.values() if until > now), default=now)
+
+    def _back_off(self, to: tuple[str, str], exc: BaseException) -> None:
+        """`to` failed in a way that may pass: its rows are left alone for a while, twice as
+        long each time in a row (as a route backs off), while the others go out on time."""
+        failures = self.backing_off.get(to, (0, 0.0))[0] + 1
+        wait = min(MAX_BACKOFF, 0.5 * 2**failures)
+        self.backing_off[to] = (failures, time.monotonic() + wait)
+        log.warning(
+            "sending delayed messages to %s/%s failed (again in %.0f s; those of other "
+            "destinations go on): %s",
+            to[0],
+            to[1],
+            wait,
+            exc,
+        )
+
+    async def _produce_due(self, db: Connection, skip: Sequence[tuple[str, str]] = ()) -> bool:
         """Send the due rows of one destination (of a batch taken in due order) and delete
         them, in their own transaction (SQLite: claimed first, `delay_table`); whether there
         were any.
@@ -245,9 +279,12 @@ class DelayedProducer:
         others are sent: it never holds up the rows behind it, nor makes them go out again,
         also when its error copy cannot be written (the rows sent are deleted first; it stays,
         put off, `_to_error_queue`). A failure that may pass before the deletes rolls
-        everything back (sent again: at least once).
+        everything back (sent again: at least once). A send that fails in a way that may pass
+        (the destination's broker down) gives the rows back and puts that destination in
+        `backing_off`: the next takes leave its rows out (`skip`), so the rows of the other
+        destinations go out when due.
         """
-        taken = await db.run(partial(self.table.take_due, self.batch))
+        taken = await db.run(partial(self.table.take_due, self.batch, skip=skip))
         if not taken:
             return False
         to = (taken[0].connection, taken[0].address, taken[0].key)
@@ -255,9 +292,14 @@ class DelayedProducer:
         readable = [i for i in range(len(taken)) if i not in failed]
         try:
             refused = await self._send(to, [taken[i] for i in readable])
+        except BridgeError as exc:  # may pass: this destination backs off, the others go on
+            await self._give_back(db, taken)
+            self._back_off(to[:2], exc)
+            return True
         except BaseException:
             await self._give_back(db, taken)
             raise
+        self.backing_off.pop(to[:2], None)
         failed |= {readable[i]: reason for i, reason in refused.items()}
         sent = [row.id for i, row in enumerate(taken) if i not in failed]
         errors = [(taken[i], failed[i]) for i in sorted(failed)]

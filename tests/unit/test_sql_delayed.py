@@ -315,7 +315,11 @@ def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
     (create,) = table.create
     guard, _, ddl = create.partition("\n")
     assert guard == "IF OBJECT_ID(N'[nservicebus].[dbo].[BridgeDelays]', N'U') IS NULL"
-    for statement in (ddl, table.store, table.take, table.next_due, table.delete):
+    skipping = table.take_statement(2)
+    assert skipping.count("AND NOT (Connection = ? AND Address = ?)") == 2
+    next_skipping = table._next_due.replace("{skip}", table._skip)
+    statements = (ddl, table.store, table.take, table.next_due, table.delete, table.put_off)
+    for statement in (*statements, skipping, next_skipping):
         (tree,) = parse(statement)
         names = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table)}
         assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement

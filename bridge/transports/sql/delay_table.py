@@ -107,9 +107,9 @@ class DelayTable:
                 f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
                 "DATEADD(ms, ? % 1000, DATEADD(s, CAST(? / 1000 AS int), GETUTCDATE())))"
             )
-            self.take = (
+            self._take = (
                 f"SELECT TOP(?) {taken} FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
-                "WHERE Due <= GETUTCDATE() ORDER BY Due"
+                "WHERE Due <= GETUTCDATE(){skip} ORDER BY Due"
             )
             # UPDLOCK as `take` has it: READPAST alone skips only rows under exclusive locks,
             # and would read the rows another producer's take holds (update locks).
@@ -117,6 +117,7 @@ class DelayTable:
                 "SELECT TOP 1 (CAST(Due AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
                 f"FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY Due"
             )
+            self._next_due = self.next_due.replace(" ORDER BY", " WHERE 1 = 1{skip} ORDER BY")
             self.waiting = (
                 "SELECT count(*), (CAST(min(Due) AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
                 f"FROM {t} WHERE Connection = ? AND Address = ?"
@@ -133,8 +134,8 @@ class DelayTable:
                 f"INSERT INTO {tp} ({columns}) VALUES "
                 f"({p}, {p}, {p}, {p}, {p}, {p}, now() + {p} * INTERVAL '1 millisecond')"
             )
-            self.take = (
-                f"SELECT {taken} FROM {tp} WHERE Due <= now() ORDER BY Due "
+            self._take = (
+                f"SELECT {taken} FROM {tp} WHERE Due <= now(){{skip}} ORDER BY Due "
                 f"LIMIT {p} FOR UPDATE SKIP LOCKED"
             )
             # Rows another producer holds are skipped here as `take` skips them: were they
@@ -142,6 +143,10 @@ class DelayTable:
             self.next_due = (
                 f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1 "
                 "FOR KEY SHARE SKIP LOCKED"
+            )
+            self._next_due = (
+                f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {tp} WHERE TRUE{{skip}} "
+                "ORDER BY Due LIMIT 1 FOR KEY SHARE SKIP LOCKED"
             )
             self.waiting = (
                 f"SELECT count(*), EXTRACT(EPOCH FROM min(Due) - now()) FROM {tp} "
@@ -159,12 +164,13 @@ class DelayTable:
                 f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
                 "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', (? / 1000.0) || ' seconds'))"
             )
-            self.take = f"SELECT {taken}, Due FROM {t} WHERE Due <= ? ORDER BY Due LIMIT ?"
+            self._take = f"SELECT {taken}, Due FROM {t} WHERE Due <= ?{{skip}} ORDER BY Due LIMIT ?"
             self.claim = f"UPDATE {t} SET Due = ? WHERE Id = ?"
             self.next_due = (
                 f"SELECT (julianday(Due) - julianday('now')) * 86400.0 FROM {t} "
                 "ORDER BY Due LIMIT 1"
             )
+            self._next_due = self.next_due.replace(" ORDER BY", " WHERE 1 = 1{skip} ORDER BY")
             self.waiting = (
                 f"SELECT count(*), (julianday(min(Due)) - julianday('now')) * 86400.0 FROM {t} "
                 "WHERE Connection = ? AND Address = ?"
@@ -174,6 +180,8 @@ class DelayTable:
                 "WHERE Id = ?"
             )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
+        self._skip = f" AND NOT (Connection = {p} AND Address = {p})"
+        self.take = self.take_statement(0)
 
     def store_params(
         self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
@@ -183,24 +191,36 @@ class DelayTable:
         row = (new_id(), connection, address, key, headers, bytes(envelope.body))
         return (*row, due_ms, due_ms) if self.dialect.kind == "sqlserver" else (*row, due_ms)
 
-    def take_due(self, batch: int, db: DbConnection) -> list[DelayRow]:
-        """Of up to `batch` due rows, in due order, those for the first one's destination:
+    def take_statement(self, skipped: int) -> str:
+        """`take`, leaving out the rows of `skipped` destinations (connection, address)."""
+        return self._take.replace("{skip}", self._skip * skipped)
+
+    def take_due(
+        self, batch: int, db: DbConnection, skip: Sequence[tuple[str, str]] = ()
+    ) -> list[DelayRow]:
+        """Of up to `batch` due rows, in due order, those for the first one's destination,
+        leaving out those of the destinations in `skip` (connection, address: backing off):
         locked in a transaction left open (rolled back when none); SQLite: claimed in a
         transaction committed (module docstring), opened only after a read found a row due."""
         cursor = db.cursor()
         sqlite = self.dialect.kind == "sqlite"
+        take = self.take_statement(len(skip))
+        skipped = [value for pair in skip for value in pair]
         if sqlite:
             now = _sqlite_time(datetime.now(UTC))
             # A read first: an idle table takes no write lock on the file (as the movers look).
-            cursor.execute(self.take, (now, 1))
+            cursor.execute(take, (now, *skipped, 1))
             if not cursor.fetchall():
                 db.rollback()
                 return []
             self.dialect.begin(db)
-            cursor.execute(self.take, (now, batch))
+            cursor.execute(take, (now, *skipped, batch))
+        elif self.dialect.kind == "sqlserver":
+            self.dialect.begin(db)
+            cursor.execute(take, (batch, *skipped))
         else:
             self.dialect.begin(db)
-            cursor.execute(self.take, (batch,))
+            cursor.execute(take, (*skipped, batch))
         rows = [_row(row, sqlite) for row in cursor.fetchall()]
         if rows:
             to = (rows[0].connection, rows[0].address, rows[0].key)
@@ -269,10 +289,18 @@ class DelayTable:
         cursor.execute(self.delete, (row.id,))
         db.commit()
 
-    def seconds_to_next_due(self, db: DbConnection) -> float | None:
+    def seconds_to_next_due(
+        self, db: DbConnection, skip: Sequence[tuple[str, str]] = ()
+    ) -> float | None:
+        """Seconds until the first row is due (negative: overdue), leaving out the rows of
+        the destinations in `skip` (as `take_due`); None when there is none."""
         cursor = db.cursor()
         try:
-            cursor.execute(self.next_due)
+            if skip:
+                statement = self._next_due.replace("{skip}", self._skip * len(skip))
+                cursor.execute(statement, [value for pair in skip for value in pair])
+            else:
+                cursor.execute(self.next_due)
             row = cursor.fetchone()
         finally:
             db.rollback()
