@@ -702,3 +702,70 @@ async def test_a_refused_row_whose_error_copy_cannot_be_written_never_sends_the_
         ).fetchall()
     assert refused_id in waiting[0]
     assert PUT_OFF - 10 < waiting[1] <= PUT_OFF
+
+
+def test_check_connect_finds_the_delayed_table_of_a_destination_of_kafka(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """A route from Kafka may bring delayed messages (the record's delay header) to a SQL
+    table, which wait in its delayed table: `check --connect` fails while that table is
+    missing, instead of the first delayed message failing the route's batches."""
+    from tests.support.cli import run_bridge
+
+    topic = unique("in")
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        "connections:\n"
+        f'  lite: {{type: sqlite, path: "{tmp_path / "q.db"}"}}\n'
+        f'  kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}"}}\n'
+        "routes:\n"
+        f"  - {{name: in, from: {{connection: kafka, topic: {topic}, group: g}}, "
+        "to: {connection: lite, queue: Out}}\n"
+    )
+    run_bridge("install", config=config)
+    assert run_bridge("check", "--connect", config=config).returncode == 0
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        db.execute('DROP TABLE "Out.Delayed"')
+    missing = run_bridge("check", "--connect", config=config, check=False)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert (
+        "lite: FAILED: sqlite connection 'lite': delayed table \"Out.Delayed\", where delayed "
+        "messages to it wait (its routes come from Kafka, whose records may ask for a delay), "
+        "does not exist (run `bridge install`)"
+    ) in missing.stdout
+
+
+async def test_a_delayed_message_without_its_delayed_table_is_refused_alone(
+    tmp_path: Path,
+) -> None:
+    """A delayed message to a table whose delayed table is missing is refused by its index
+    (the runner sends it to the error queue with the reason, and the rest of the batch on),
+    not a TransportError ("no such table") that fails the whole batch again and again."""
+    from bridge.config.models import SqliteConnection
+    from bridge.errors import MessageRejected
+
+    transport = load("lite", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    try:
+        await transport.install(["Out"])
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute('DROP TABLE "Out.Delayed"')
+        sink = transport.sink("Out")
+
+        def message(message_id: str, deliver_at: float | None = None) -> Envelope:
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            return Envelope(headers, b"{}", deliver_at=deliver_at)
+
+        batch = [message("a"), message("later", time.time() + 60), message("b")]
+        with pytest.raises(MessageRejected) as refused:
+            await sink.send(batch)
+        await sink.send([batch[0], batch[2]])  # the rest, as the runner sends it
+        await sink.close()
+        arrived = [e.message_id for e in await drain(transport, "Out")]
+    finally:
+        await transport.close()
+    assert refused.value.index == 1
+    assert str(refused.value) == (
+        "sqlite connection 'lite': table 'Out': its delayed table \"Out.Delayed\", where a "
+        "delayed message waits, does not exist (run `bridge install`)"
+    )
+    assert arrived == ["a", "b"]
