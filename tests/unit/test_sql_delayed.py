@@ -302,6 +302,71 @@ def test_delays_names_a_sql_connection_where_it_is_written(name: str, said: str)
     assert str(info.value).startswith(said)
 
 
+DELAYS_ERROR_QUEUE = """\
+connections:
+  local: {type: sqlite, path: ./bridge.db}
+  kafka: {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+endpoints:
+  Sales: {connection: local}
+  Billing: {connection: kafka}
+delays: {connection: local, error_queue: QUEUE}
+"""
+
+#: No endpoints: `again` reaches the file `local` does (two names for one place).
+DELAYS_ERROR_QUEUE_READ = """\
+connections:
+  local: {type: sqlite, path: ./bridge.db}
+  again: {type: sqlite, path: ./bridge.db}
+  kafka: {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+routes:
+  - {name: errors, from: {connection: again, queue: poison}, to: {connection: kafka, topic: p}}
+delays: {connection: local, error_queue: QUEUE}
+"""
+
+
+@pytest.mark.parametrize(
+    ("config", "queue", "said"),
+    [
+        (
+            DELAYS_ERROR_QUEUE,
+            "Sales",
+            "routes.yaml:7:42: delays.error_queue: error queue 'Sales' is named like endpoint "
+            "'Sales': delayed messages that can never be sent would be delivered to the "
+            "endpoint; name another error queue",
+        ),
+        (
+            DELAYS_ERROR_QUEUE,
+            "billing",  # the proxy of Billing on `local` (which a derived route reads) too
+            "routes.yaml:7:42: delays.error_queue: error queue 'billing' is named like "
+            "endpoint 'Billing'",
+        ),
+        (
+            DELAYS_ERROR_QUEUE_READ,
+            "poison",
+            "routes.yaml:7:42: delays.error_queue: 'poison' on connection 'local' is where "
+            "route 'errors' receives from: the error copies of delayed messages that can never "
+            "be sent would be forwarded again; name a queue no route reads",
+        ),
+        (
+            DELAYS_ERROR_QUEUE,
+            '"a\\0b"',
+            "routes.yaml:7:42: delays.error_queue: invalid name 'a\\x00b'",
+        ),
+        (DELAYS_ERROR_QUEUE, '" "', "routes.yaml:7:42: delays.error_queue: invalid name ' '"),
+    ],
+)
+def test_check_refuses_a_delays_error_queue_an_endpoint_or_a_route_would_read(
+    config: str, queue: str, said: str
+) -> None:
+    """messaging-bridge.md §4: `bridge check` refuses an error queue named like an endpoint
+    (the endpoint would receive the poison); `delays.error_queue` is an error queue too, and
+    one a route receives from (here through another connection name for the same file) would
+    forward the copies on again."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(config.replace("QUEUE", queue), "routes.yaml", {})
+    assert str(info.value).startswith(said), str(info.value)
+
+
 def test_delays_on_a_sql_connection_is_fine() -> None:
     config = parse_config(DELAYS_CONFIG.replace("NAME", "local"), "routes.yaml", {}).config
     assert config.delays is not None and config.delays.connection == "local"
