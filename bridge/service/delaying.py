@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from bridge.config.kinds import RULES
-from bridge.config.models import BridgeConfig
+from bridge.config.models import BridgeConfig, DerivedRoute
 from bridge.envelope import Envelope
 from bridge.errors import (
     BridgeError,
@@ -52,6 +52,7 @@ __all__ = [
     "delayed_producer",
     "delaying_sink",
     "longest_delay",
+    "retry_queues",
     "waiting_delays",
 ]
 
@@ -116,7 +117,27 @@ def delayed_producer(
         store,
         lambda name, address, key: transport(name).sink(address, key=key),
         error_queue=config.delays.error_queue,
+        retry_to=retry_queues(config),
     )
+
+
+def retry_queues(config: BridgeConfig) -> dict[tuple[str, str], str]:
+    """For each destination that cannot delay (connection, address), the table of the
+    `delays:` connection a route reads and forwards to it: the registry's proxy of the
+    endpoint it is, else a written route's source. An error copy of `BridgeDelays` names it
+    in `NServiceBus.FailedQ`, so a ServicePulse retry, sent to that table, crosses again
+    (`delay_table`, "Where a retry goes")."""
+    if config.delays is None:
+        return {}
+    found: dict[tuple[str, str], str] = {}
+    derived_first = sorted(config.all_routes, key=lambda r: not isinstance(r, DerivedRoute))
+    for route in derived_first:
+        kind = config.connections[route.to.connection].type
+        if route.publish or route.from_.connection != config.delays.connection:
+            continue
+        if RULES[kind].MAX_DELAY_SECONDS is None:
+            found.setdefault((route.to.connection, route.to.address), route.from_.address)
+    return found
 
 
 class DelayingSink:
@@ -195,12 +216,13 @@ class DelayedProducer:
         sink: Callable[[str, str, str | None], Sink],
         batch: int = MOVE_BATCH,
         error_queue: str = DEFAULT_ERROR_QUEUE,
+        retry_to: dict[tuple[str, str], str] | None = None,
     ) -> None:
         self.store = store
         self._sink = sink
         self._sinks: dict[tuple[str, str, str | None], Sink] = {}
         self.batch = batch
-        self.table = DelayTable(store.dialect, error_queue)
+        self.table = DelayTable(store.dialect, error_queue, retry_to)
         #: Error copies that could not be written since start (rows left in BridgeDelays).
         self.uncopied = 0
         #: Destinations (connection, address) whose send failed in a way that may pass: how

@@ -460,11 +460,14 @@ async def test_a_delayed_message_that_can_never_be_sent_goes_to_the_error_queue(
     refused, broken = copies
     assert refused.get("NServiceBus.MessageId") == "refused"
     assert refused.get("trace") == "x"
-    assert refused.get("NServiceBus.FailedQ") == "b"
+    # No route on `lite` leads to topic b: a table named like it, in its canonical form (a
+    # retry fails at ServiceControl until someone adds that table and a route from it).
+    assert refused.get("NServiceBus.FailedQ") == '"main"."b"'
+    assert refused.get("NServiceBus.Bridge.Destination") == "kafka/b"
     reason = refused.get("NServiceBus.ExceptionInfo.Message") or ""
     assert reason.startswith("the delayed message (BridgeDelays row ")
     assert reason.endswith(") to kafka/b can never be sent: too large")
-    assert broken.get("NServiceBus.FailedQ") == "a"
+    assert broken.get("NServiceBus.FailedQ") == '"main"."a"'
     assert broken.get("NServiceBus.Bridge.RawHeaders") == '[["NServiceBus.MessageId",'
     assert broken.get("NServiceBus.ExceptionInfo.ExceptionType") == "HeadersFormatError"
 
@@ -769,3 +772,55 @@ async def test_a_delayed_message_without_its_delayed_table_is_refused_alone(
         "delayed message waits, does not exist (run `bridge install`)"
     )
     assert arrived == ["a", "b"]
+
+
+async def test_an_error_copy_of_a_delayed_message_names_the_proxy_that_leads_to_its_topic(
+    tmp_path: Path,
+) -> None:
+    """ServicePulse's retry sends a copy to its FailedQ on the transport where it found it:
+    the `delays:` connection. The copy of a row for endpoint Billing's topic (billing-in)
+    names Billing's
+    proxy on that connection, which the registry's route forwards to the topic: a retry
+    crosses to Kafka again (not an insert into a table named like the topic, which does not
+    exist). The topic is in `NServiceBus.Bridge.Destination`."""
+    from bridge.config.models import BridgeConfig
+    from bridge.service.delaying import DelayedProducer, delaying_sink, retry_queues
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {"type": "sqlite", "path": str(tmp_path / "q.db")},
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "endpoints": {"Billing": {"connection": "kafka", "queue": "billing-in"}},
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    proxied = "billing-in"  # the endpoint's topic; its proxy on `lite` is table Billing
+    assert retry_queues(config) == {("kafka", proxied): "Billing"}
+    inner = Refusing("refused", whole=True)
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        sink = delaying_sink(config, "kafka", proxied, None, inner, lambda name: lite)
+        headers = Headers([("NServiceBus.MessageId", "refused")])
+        await sink.send([Envelope(headers, b"{}", deliver_at=time.time() + 0.2)])
+        producer = DelayedProducer(
+            lite, lambda connection, address, key: inner, retry_to=retry_queues(config)
+        )
+        running = asyncio.create_task(producer.run(stopping))
+        for _ in range(100):
+            copies = await drain(lite, "bridge.error")
+            if copies:
+                break
+            await asyncio.sleep(0.05)
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await lite.close()
+    (copy,) = copies
+    assert copy.headers.get("NServiceBus.FailedQ") == '"main"."Billing"'
+    assert copy.headers.get("NServiceBus.Bridge.Destination") == f"kafka/{proxied}"

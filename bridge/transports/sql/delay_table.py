@@ -14,7 +14,8 @@ deletes them in that transaction only after the destination acknowledged them, s
 between the two sends them again (at least once, never lost). A row that can never be sent
 (its destination refuses it for good, its connection is no longer in the config, its Headers
 column cannot be read) goes to the error queue instead: its error-queue copy
-(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers) is inserted into the
+(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers, the destination as
+`<connection>/<address>` in `NServiceBus.Bridge.Destination`) is inserted into the
 queue table `error_queue` of the same connection (`delays: {error_queue}`, `bridge.error` by
 default) and the row deleted, in one transaction of its own (`copy_to_error_queue`). The rows
 sent are deleted first, in the take's transaction, with the refused rows put off by `PUT_OFF`
@@ -22,6 +23,17 @@ seconds (`settle`): a copy that cannot be written (the error queue's table is mi
 NGinn-layout error queue cannot hold the message, its id longer than NGinn's unique_id) never
 undoes the deletes of the rows sent, which would send them again and again; the refused row
 stays, due again `PUT_OFF` seconds later, when its copy is tried again.
+
+Where a retry goes
+    ServicePulse's retry sends a copy to its `NServiceBus.FailedQ` on the transport where it
+    found the copy: this SQL connection. FailedQ is therefore a table of this connection, in
+    its canonical form: the table a route (`retry_to`: the proxy of the registry's endpoint
+    that the destination is, else a written route) reads and forwards to the destination, so
+    a retry crosses to Kafka again (delayed again as it first asked, `deadletter`); without
+    one, a table named like the destination's topic, which does not exist unless someone
+    makes it: the retry fails at ServiceControl ("table does not exist") until a table of that
+    name and a route from it to the topic are added (then a retry crosses), or the message is
+    sent again by hand (`bridge send`, the topic in `NServiceBus.Bridge.Destination`).
 
 SQLite has no row locks: a transaction left open across the send would hold the file's write
 lock, and every other writer of the file (routes, endpoints) would wait for the network. There
@@ -35,7 +47,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +61,7 @@ from bridge.transports.sql.layouts.base import new_id
 
 __all__ = [
     "CLAIM_FOR",
+    "DESTINATION",
     "PUT_OFF",
     "TABLE",
     "DelayRow",
@@ -58,6 +71,8 @@ __all__ = [
 ]
 
 TABLE = "BridgeDelays"
+#: The header of an error copy naming the destination it never reached, `<connection>/<address>`.
+DESTINATION = "NServiceBus.Bridge.Destination"
 #: SQLite: seconds a taken row is claimed for its send, far beyond what a send takes (Kafka's
 #: requests time out after `request_timeout_ms`, 40 s by default). A claim outlived (the
 #: producer died mid-send) makes the row due again: at least once.
@@ -85,10 +100,18 @@ class DelayRow:
 class DelayTable:
     """The statements of `BridgeDelays` on one dialect, and its row mapping."""
 
-    def __init__(self, dialect: Dialect, error_queue: str = DEFAULT_ERROR_QUEUE) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        error_queue: str = DEFAULT_ERROR_QUEUE,
+        retry_to: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
         self.dialect = dialect
         #: The queue table, on the same connection, of the rows that can never be sent.
         self.error_queue = error_queue
+        #: The table of this connection a route reads and forwards to a destination
+        #: (connection, address): an error copy's FailedQ (module docstring).
+        self.retry_to = dict(retry_to or {})
         d, p = dialect, dialect.placeholder
         t = d.table(TABLE)
         tp = d.param_safe(t)
@@ -279,8 +302,13 @@ class DelayTable:
         row, in one transaction; a failure (the table missing, a copy the error queue's layout
         cannot hold: HeadersFormatError) leaves the row as `settle` put it off."""
         d = self.dialect
+        failed_q = d.canonical_address(
+            self.retry_to.get((row.connection, row.address), row.address)
+        )
         copy = d.send_params(
-            d.layout.outgoing(_error_copy(row, reason), time.time(), address=self.error_queue)
+            d.layout.outgoing(
+                _error_copy(row, reason, failed_q), time.time(), address=self.error_queue
+            )
         )
         if d.kind == "sqlite":
             d.begin(db)
@@ -324,15 +352,18 @@ def _row(row: Sequence[Any], sqlite: bool) -> DelayRow:
     )
 
 
-def _error_copy(row: DelayRow, reason: str) -> Envelope:
-    """The error-queue copy of a row that can never be sent: `NServiceBus.FailedQ` is its
-    destination (where it failed to go), the reason names the connection as well."""
+def _error_copy(row: DelayRow, reason: str, failed_q: str) -> Envelope:
+    """The error-queue copy of a row that can never be sent: `NServiceBus.FailedQ` is
+    `failed_q` (where a retry goes, module docstring), its destination is in
+    `NServiceBus.Bridge.Destination`, and the reason names it."""
     why = (
         f"the delayed message ({TABLE} row {row.id}) to {row.connection}/{row.address} can "
         f"never be sent: {reason}"
     )
     if row.unreadable is None:
-        return error_copy(row.envelope, why, row.address)
+        copy = error_copy(row.envelope, why, failed_q)
+        copy.headers.set(DESTINATION, f"{row.connection}/{row.address}")
+        return copy
     poison = PoisonMessage(
         raw_headers=row.unreadable[0],
         body=bytes(row.envelope.body),
@@ -340,7 +371,9 @@ def _error_copy(row: DelayRow, reason: str) -> Envelope:
         exception_type=HeadersFormatError.__name__,
         native_id=row.id,
     )
-    return error_copy(poison, why, row.address)
+    copy = error_copy(poison, why, failed_q)
+    copy.headers.set(DESTINATION, f"{row.connection}/{row.address}")
+    return copy
 
 
 def write_headers(headers: Headers) -> str:
