@@ -10,6 +10,7 @@ NServiceBus.SqlServer: src/NServiceBus.Transport.SqlServer/Queuing/SqlServerCons
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,71 @@ def test_nginn_delays_are_r_rows_due_by_the_database_clock(kind: str) -> None:
     if kind == "sqlserver":
         assert [type(t).__name__ for t in parse(statements.store)] == ["Declare", "Insert"]
         assert [type(t).__name__ for t in parse(statements.next_due)] == ["Select"]
+
+
+WARSAW = "Europe/Warsaw"
+#: 2026-03-29 02:00 local: clocks go forward to 03:00; 2026-10-25 03:00: back to 02:00.
+SPRING = datetime(2026, 3, 28, 23, 30, tzinfo=UTC).timestamp()  # 00:30 CET
+AUTUMN = datetime(2026, 10, 25, 0, 0, tzinfo=UTC).timestamp()  # 02:00 CEST
+HOUR = 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("now", "delay", "local_delay", "local_due"),
+    [
+        # 00:30 CET + 2 h is 01:30 UTC, 03:30 CEST: getdate() must move 3 h, not 2 (02:30,
+        # a local time that day never has, which the mover reaches an hour early).
+        (SPRING, 2 * HOUR, 3 * HOUR, "2026-03-29 03:30"),
+        # 02:00 CEST + 2 h is 02:00 UTC, 03:00 CET: 1 h on the local clock, not 2 (an hour late).
+        (AUTUMN, 2 * HOUR, HOUR, "2026-10-25 03:00"),
+        (SPRING, 30 * 60_000, 30 * 60_000, "2026-03-29 01:00"),  # no change within the delay
+        (AUTUMN + 7 * 86400, 1500, 1500, "2026-11-01 01:00"),
+    ],
+)
+def test_an_nginn_delay_on_sql_server_follows_the_zones_offset_change(
+    now: float, delay: int, local_delay: int, local_due: str
+) -> None:
+    """SQL Server's NGinn `R` row is due at local `getdate()` + the delay (NGinn's
+    retry_time is local time); the delay passed is corrected by the change of the zone's
+    offset, so the local time reached is the due moment's local time, as PostgreSQL's and
+    SQLite's (UTC + delay, converted to the zone) is."""
+    from zoneinfo import ZoneInfo
+
+    from bridge.transports.sql.layouts.nginn_sql import local_delay_ms
+
+    zone = ZoneInfo(WARSAW)
+    assert local_delay_ms(delay, now, zone) == local_delay
+    local_now = datetime.fromtimestamp(now, zone).replace(tzinfo=None)
+    reached = local_now + timedelta(milliseconds=local_delay)
+    assert reached.strftime("%Y-%m-%d %H:%M") == local_due
+    due = datetime.fromtimestamp(now + delay / 1000, UTC)
+    assert reached.replace(tzinfo=zone).astimezone(UTC) == due
+
+
+def test_an_nginn_delayed_row_on_sql_server_passes_the_corrected_delay_to_getdate() -> None:
+    """The statement adds the parameter to `getdate()`; the parameter is the delay as
+    `local_delay_ms` corrects it for `nginn.timezone`."""
+    dialect = SqlServerDialect(
+        "ng",
+        SqlServerConnection.model_validate(
+            {
+                "type": "sqlserver",
+                "dsn": "Driver=x",
+                "catalog": "c",
+                "layout": "nginn",
+                "nginn": {"alias": "db", "timezone": WARSAW},
+            }
+        ),
+    )
+    statements = dialect.delayed_statements("Orders")
+    assert (
+        "DATEADD(ms, @due_ms % 1000, DATEADD(s, CAST(@due_ms / 1000 AS int), getdate()))"
+        in statements.store
+    )
+    envelope = Envelope(Headers([("NServiceBus.MessageId", "m")]), b'{"$type": "Orders.Place"}')
+    params = store_params(dialect, envelope, 2 * HOUR, "Orders", SPRING)
+    assert params[2] == 3 * HOUR  # @due_ms, after @from_endpoint and @to_endpoint
+    assert params[:2] == ("sql://db/bridge", "sql://db/Orders")
 
 
 # -- `delays:` (messaging-bridge.md §4) ---------------------------------------------------------
