@@ -7,6 +7,7 @@ import sys
 
 from bridge.commands.common import (
     addresses,
+    by_connection,
     describe_counts,
     exists,
     load_routes,
@@ -17,6 +18,7 @@ from bridge.config.models import BridgeConfig
 from bridge.errors import AccessRefused, BridgeError, TransportUnavailable
 from bridge.protocols import PreparesSources, Transport
 from bridge.service.capacity import connection_warnings
+from bridge.transports.sql.config import KINDS as SQL_KINDS
 from bridge.transports.sql.transport import Transport as SqlTransport
 
 
@@ -36,10 +38,13 @@ async def check(config_path: str, *, connect: bool) -> int:
     for s in config.registry.pubsub.subscriptions():
         if s.table is not None and s.table not in proxies.get(s.connection, []):
             proxies.setdefault(s.connection, []).append(s.table)  # an NGinn event table
+    delayed = delayed_destinations(config)
     for name, needed in addresses(config).items():
         transport = transport_for(config, name)
         try:
             warnings = await transport.check(needed)
+            if delayed.get(name) and isinstance(transport, SqlTransport):
+                await transport.check_delayed(delayed[name])
             warnings += await connection_warnings(config, name, transport)
         except BridgeError as exc:
             failures += 1
@@ -68,6 +73,20 @@ async def check(config_path: str, *, connect: bool) -> int:
         for warning in await doubled(config):  # a proxy's row next to an event table's
             print(warning)
     return 1 if failures else 0
+
+
+def delayed_destinations(config: BridgeConfig) -> dict[str, list[str]]:
+    """The SQL queue tables that may be sent delayed messages, by connection: the
+    destinations of the routes (the registry's too) from Kafka, whose records may ask for a
+    delay (`bridge.nservicebus.delays`); other sources' messages never carry one."""
+    ends = [
+        (route.to.connection, route.to.address)
+        for route in config.all_routes
+        if not route.publish
+        and config.connections[route.from_.connection].type == "kafka"
+        and config.connections[route.to.connection].type in SQL_KINDS
+    ]
+    return by_connection(ends)
 
 
 def _made_like_proxies(missing: list[str], event_tables: set[str]) -> str:
@@ -149,7 +168,6 @@ def subscription_statements(config: BridgeConfig) -> list[str]:
     them, then each SQL connection's subscription table (SubscriptionRouting, or NGinn's on
     NGinn tables; its rows are written when the bridge runs), or on RabbitMQ the exchanges and
     bindings as management API requests."""
-    from bridge.transports.sql.config import KINDS as SQL_KINDS
 
     made = config.registry.pubsub.native()
     out: list[str] = []

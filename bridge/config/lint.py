@@ -144,6 +144,43 @@ def _delays(config: BridgeConfig, name: str, at: Positions) -> None:
             "SQL connection (sqlite, postgresql, sqlserver)",
             where,
         )
+    _delays_error_queue(config, name, at)
+
+
+def _delays_error_queue(config: BridgeConfig, name: str, at: Positions) -> None:
+    """`delays: {error_queue}` is a valid queue name on the `delays:` connection, not named
+    like an endpoint (as every error queue, `_error_queues`), and no route receives from it:
+    the error copies of delayed messages would be forwarded, and could cross again."""
+    assert config.delays is not None
+    queue = config.delays.error_queue
+    where = at.at(("delays", "error_queue"))
+    if "\x00" in queue or not queue.strip():
+        raise ConfigError(f"delays.error_queue: invalid name {queue!r}", where)
+    connection = config.connections[name]
+    address_name(connection.type, queue, "delays.error_queue", where)
+    folded = {endpoint.casefold(): endpoint for endpoint in config.endpoints}
+    endpoint = folded.get(queue.casefold())
+    if endpoint is not None:
+        raise ConfigError(
+            f"delays.error_queue: error queue {queue!r} is named like endpoint {endpoint!r}: "
+            "delayed messages that can never be sent would be delivered to the endpoint; name "
+            "another error queue",
+            where,
+        )
+    mine = place(connection, queue)
+    for route in config.all_routes:
+        source = route.from_
+        same = source.connection == name and source.address == queue
+        if not same and mine is not None:
+            theirs = place(config.connections[source.connection], source.address)
+            same = theirs is not None and mine.same_as(theirs)
+        if same:
+            raise ConfigError(
+                f"delays.error_queue: {queue!r} on connection {name!r} is where route "
+                f"{route.name!r} receives from: the error copies of delayed messages that can "
+                "never be sent would be forwarded again; name a queue no route reads",
+                where,
+            )
 
 
 def _registry(config: BridgeConfig, at: Positions) -> None:

@@ -11,7 +11,10 @@ connection instead, `delay_table`). A delay waits at most `MAX_WAIT` seconds pas
 time (plus the send), whether or not the process that stored it still runs. A look that
 finds a row due but takes none (another producer holds it) waits `MIN_WAIT` seconds before the
 next, twice as long each time that repeats, up to `MAX_WAIT`, as the movers do: the producer
-never polls in a loop.
+never polls in a loop. A destination whose send fails in a way that may pass (its Kafka
+cluster down) backs off on its own, 1 s doubled each time in a row up to `MAX_BACKOFF`: its
+rows are given back and left out of the takes meanwhile, so one destination that is down never
+holds up the delayed messages of the others.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from bridge.config.kinds import RULES
-from bridge.config.models import BridgeConfig
+from bridge.config.models import BridgeConfig, DerivedRoute
 from bridge.envelope import Envelope
 from bridge.errors import (
     BridgeError,
@@ -38,7 +41,7 @@ from bridge.protocols import Checkpoint, Sink, Transport
 from bridge.service.movers import MAX_BACKOFF, MAX_WAIT, MIN_WAIT
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.delay_table import DelayRow, DelayTable
+from bridge.transports.sql.delay_table import PUT_OFF, DelayRow, DelayTable
 from bridge.transports.sql.delayed import MOVE_BATCH
 from bridge.transports.sql.dialects.base import DbConnection
 from bridge.transports.sql.transport import Transport as SqlTransport
@@ -49,6 +52,7 @@ __all__ = [
     "delayed_producer",
     "delaying_sink",
     "longest_delay",
+    "retry_queues",
     "waiting_delays",
 ]
 
@@ -113,7 +117,27 @@ def delayed_producer(
         store,
         lambda name, address, key: transport(name).sink(address, key=key),
         error_queue=config.delays.error_queue,
+        retry_to=retry_queues(config),
     )
+
+
+def retry_queues(config: BridgeConfig) -> dict[tuple[str, str], str]:
+    """For each destination that cannot delay (connection, address), the table of the
+    `delays:` connection a route reads and forwards to it: the registry's proxy of the
+    endpoint it is, else a written route's source. An error copy of `BridgeDelays` names it
+    in `NServiceBus.FailedQ`, so a ServicePulse retry, sent to that table, crosses again
+    (`delay_table`, "Where a retry goes")."""
+    if config.delays is None:
+        return {}
+    found: dict[tuple[str, str], str] = {}
+    derived_first = sorted(config.all_routes, key=lambda r: not isinstance(r, DerivedRoute))
+    for route in derived_first:
+        kind = config.connections[route.to.connection].type
+        if route.publish or route.from_.connection != config.delays.connection:
+            continue
+        if RULES[kind].MAX_DELAY_SECONDS is None:
+            found.setdefault((route.to.connection, route.to.address), route.from_.address)
+    return found
 
 
 class DelayingSink:
@@ -192,12 +216,18 @@ class DelayedProducer:
         sink: Callable[[str, str, str | None], Sink],
         batch: int = MOVE_BATCH,
         error_queue: str = DEFAULT_ERROR_QUEUE,
+        retry_to: dict[tuple[str, str], str] | None = None,
     ) -> None:
         self.store = store
         self._sink = sink
         self._sinks: dict[tuple[str, str, str | None], Sink] = {}
         self.batch = batch
-        self.table = DelayTable(store.dialect, error_queue)
+        self.table = DelayTable(store.dialect, error_queue, retry_to)
+        #: Error copies that could not be written since start (rows left in BridgeDelays).
+        self.uncopied = 0
+        #: Destinations (connection, address) whose send failed in a way that may pass: how
+        #: many times in a row, and until when (`time.monotonic`) their rows are left alone.
+        self.backing_off: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def run(self, stopping: asyncio.Event) -> None:
         db = Connection(self.store.dialect, pool=self.store.pool)
@@ -206,17 +236,20 @@ class DelayedProducer:
         try:
             while not stopping.is_set():
                 try:
-                    if await self._produce_due(db):
+                    skip = self._skipped()
+                    if await self._produce_due(db, skip):
                         failures = stalls = 0
                         await asyncio.sleep(0)
                         continue
-                    next_due = await db.run(self.table.seconds_to_next_due)
+                    next_due = await db.run(partial(self.table.seconds_to_next_due, skip=skip))
                     failures = 0
                     stalls = stalls + 1 if next_due is not None and next_due <= 0 else 0
                     if stalls:  # due rows another producer holds: look again after a while
                         wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
                     else:
                         wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    if skip:  # a destination backing off may be due again before that
+                        wait = min(wait, self._until_back() - time.monotonic())
                 except BridgeError as exc:
                     stalls = 0
                     failures += 1
@@ -232,7 +265,32 @@ class DelayedProducer:
                 await sink.close()
             await db.close()
 
-    async def _produce_due(self, db: Connection) -> bool:
+    def _skipped(self) -> list[tuple[str, str]]:
+        """The destinations backing off now (`backing_off`)."""
+        now = time.monotonic()
+        return [to for to, (_, until) in self.backing_off.items() if until > now]
+
+    def _until_back(self) -> float:
+        """When the first destination backing off is tried again (`time.monotonic`)."""
+        now = time.monotonic()
+        return min((until for _, until in self.backing_off.values() if until > now), default=now)
+
+    def _back_off(self, to: tuple[str, str], exc: BaseException) -> None:
+        """`to` failed in a way that may pass: its rows are left alone for a while, twice as
+        long each time in a row (as a route backs off), while the others go out on time."""
+        failures = self.backing_off.get(to, (0, 0.0))[0] + 1
+        wait = min(MAX_BACKOFF, 0.5 * 2**failures)
+        self.backing_off[to] = (failures, time.monotonic() + wait)
+        log.warning(
+            "sending delayed messages to %s/%s failed (again in %.0f s; those of other "
+            "destinations go on): %s",
+            to[0],
+            to[1],
+            wait,
+            exc,
+        )
+
+    async def _produce_due(self, db: Connection, skip: Sequence[tuple[str, str]] = ()) -> bool:
         """Send the due rows of one destination (of a batch taken in due order) and delete
         them, in their own transaction (SQLite: claimed first, `delay_table`); whether there
         were any.
@@ -240,10 +298,15 @@ class DelayedProducer:
         A row that can never be sent (its destination refuses it for good, a record too large;
         a connection the config no longer names; Headers that cannot be read) goes to the
         error queue of the `delays:` connection with the reason, logged as an error, and the
-        others are sent: it never holds up the rows behind it, nor makes them go out again. A
-        failure that may pass rolls everything back (sent again: at least once).
+        others are sent: it never holds up the rows behind it, nor makes them go out again,
+        also when its error copy cannot be written (the rows sent are deleted first; it stays,
+        put off, `_to_error_queue`). A failure that may pass before the deletes rolls
+        everything back (sent again: at least once). A send that fails in a way that may pass
+        (the destination's broker down) gives the rows back and puts that destination in
+        `backing_off`: the next takes leave its rows out (`skip`), so the rows of the other
+        destinations go out when due.
         """
-        taken = await db.run(partial(self.table.take_due, self.batch))
+        taken = await db.run(partial(self.table.take_due, self.batch, skip=skip))
         if not taken:
             return False
         to = (taken[0].connection, taken[0].address, taken[0].key)
@@ -251,31 +314,61 @@ class DelayedProducer:
         readable = [i for i in range(len(taken)) if i not in failed]
         try:
             refused = await self._send(to, [taken[i] for i in readable])
+        except BridgeError as exc:  # may pass: this destination backs off, the others go on
+            await self._give_back(db, taken)
+            self._back_off(to[:2], exc)
+            return True
         except BaseException:
             await self._give_back(db, taken)
             raise
+        self.backing_off.pop(to[:2], None)
         failed |= {readable[i]: reason for i, reason in refused.items()}
         sent = [row.id for i, row in enumerate(taken) if i not in failed]
         errors = [(taken[i], failed[i]) for i in sorted(failed)]
-        for row, reason in errors:
-            log.error(
-                "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent: %s; it "
-                "goes to %s on connection %r",
-                row.envelope.message_id,
-                row.id,
-                row.connection,
-                row.address,
-                reason,
-                self.table.error_queue,
-                self.store.name,
-            )
         try:
             await db.run(partial(self.table.settle, sent, errors))
         except BaseException:
             with contextlib.suppress(BridgeError):
                 await db.run(_roll_back)
             raise
+        for row, reason in errors:
+            await self._to_error_queue(db, row, reason)
         return True
+
+    async def _to_error_queue(self, db: Connection, row: DelayRow, reason: str) -> None:
+        """Write the error copy of a row that can never be sent (`settle` deleted the rows
+        sent with it and put this one off); one that cannot be written stays, due again in
+        `PUT_OFF` seconds, logged and counted (`uncopied`)."""
+        where = f"{self.table.error_queue!r} on connection {self.store.name!r}"
+        try:
+            await db.run(partial(self.table.copy_to_error_queue, row, reason))
+        except BridgeError as exc:
+            self.uncopied += 1
+            log.error(
+                "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent (%s), and "
+                "its error copy cannot be written to %s: %s; the row stays in BridgeDelays and "
+                "its copy is tried again in %d s (%d such failure(s) so far)",
+                row.envelope.message_id,
+                row.id,
+                row.connection,
+                row.address,
+                reason,
+                where,
+                exc,
+                PUT_OFF,
+                self.uncopied,
+            )
+            return
+        log.error(
+            "delayed message %s (BridgeDelays row %s) to %s/%s can never be sent: %s; it "
+            "went to %s",
+            row.envelope.message_id,
+            row.id,
+            row.connection,
+            row.address,
+            reason,
+            where,
+        )
 
     async def _give_back(self, db: Connection, rows: list[DelayRow]) -> None:
         """The rows taken are due again as they were; a failure here leaves a SQLite claim to

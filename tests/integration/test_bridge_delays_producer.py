@@ -52,9 +52,9 @@ def message(message_id: str, deliver_at: float | None = None) -> Envelope:
 
 
 def counting(take: Callable[..., Any], calls: list[float]) -> Callable[..., Any]:
-    def counted(*args: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(time.monotonic())
-        return take(*args)
+        return take(*args, **kwargs)
 
     return counted
 
@@ -288,3 +288,79 @@ async def test_sqlite_producer_holds_no_write_lock_while_the_kafka_send_is_on_it
         await kafka.close()
     assert rows(path) == 0
     assert sorted(await topic_ids(kafka_bootstrap, topic)) == [b"again", b"later", b"other"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_a_destination_that_is_down_backs_off_alone_and_the_others_go_out_on_time(
+    tmp_path: Path, kafka_bootstrap: str, pg_dsn: str, pg_schema: str, kind: str
+) -> None:
+    """BridgeDelays serves every destination of the config. Kafka connection `down` (no broker
+    answers) is due first: its send fails, its rows are given back and it backs off on its own,
+    while the takes leave its rows out, so the message for topic `up` on the local broker goes
+    out when due, not when `down` comes back (before: each take was the same oldest row of
+    `down`, and `up` waited as long as the outage lasted)."""
+    path = tmp_path / "q.db"
+    topic = unique("up")
+    db: dict[str, Any] = {"type": "sqlite", "path": str(path)}
+    if kind == "postgresql":
+        db = {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}
+
+    def waiting() -> int:
+        if kind == "sqlite":
+            return rows(path)
+        with psycopg.connect(pg_dsn) as conn:
+            found = conn.execute(f'SELECT count(*) FROM "{pg_schema}"."BridgeDelays"').fetchone()
+        assert found is not None
+        return int(found[0])
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "db": db,
+                "kafka": {
+                    "type": "kafka",
+                    "bootstrap_servers": kafka_bootstrap,
+                    "idempotence": False,
+                    "partitions": 1,
+                },
+                "down": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "delays": {"connection": "db"},
+        }
+    )
+    store = load("db", config.connections["db"])
+    transports = {name: load(name, config.connections[name]) for name in ("kafka", "down")}
+    assert isinstance(store, SqlTransport)
+    stopping = asyncio.Event()
+    try:
+        await store.install_delay_table()
+        due = time.time() + 0.5
+        for connection, address, message_id in (("down", "t", "first"), ("kafka", topic, "next")):
+            inner = transports[connection].sink(address)
+            sink = delaying_sink(config, connection, address, None, inner, lambda name: store)
+            await sink.send([message(message_id, due)])
+            await sink.close()
+            due += 0.1
+        producer = DelayedProducer(
+            store, lambda connection, address, key: transports[connection].sink(address, key=key)
+        )
+        running = asyncio.create_task(producer.run(stopping))
+        for _ in range(200):
+            if waiting() == 1:
+                break
+            await asyncio.sleep(0.05)
+        arrived = time.time()
+        backing_off = dict(producer.backing_off)
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await store.close()
+        for transport in transports.values():
+            await transport.close()
+    lateness = arrived - (due - 0.1)
+    print(f"the message for the destination that is up arrived {lateness:.2f} s after due")
+    assert await topic_ids(kafka_bootstrap, topic) == [b"next"]
+    assert lateness < 3.0
+    assert list(backing_off) == [("down", "t")]
+    assert waiting() == 1  # the one for `down`, given back: it goes out when `down` is back

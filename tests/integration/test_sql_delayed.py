@@ -242,9 +242,12 @@ async def test_a_delay_with_a_time_to_live_is_refused_and_peek_shows_what_waits(
 
 class Refusing:
     """A sink that refuses the message with id `refused` (as Kafka refuses a record too
-    large), and keeps the others."""
+    large), and keeps the others (`whole`: a send that refuses one keeps none, and the
+    producer sends the others again)."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: str = "refused", whole: bool = False) -> None:
+        self.refused = refused
+        self.whole = whole
         self.sent: list[str] = []
         self.later = asyncio.Event()
 
@@ -252,11 +255,17 @@ class Refusing:
         from bridge.errors import MessageRejected
 
         for index, envelope in enumerate(envelopes):
-            if envelope.message_id == "refused":
+            if envelope.message_id == self.refused:
                 raise MessageRejected("too large", index=index)
-            self.sent.append(envelope.message_id)
-            if envelope.message_id == "later":
-                self.later.set()
+            if not self.whole:
+                self.took(envelope)
+        for envelope in envelopes if self.whole else ():
+            self.took(envelope)
+
+    def took(self, envelope: Envelope) -> None:
+        self.sent.append(envelope.message_id)
+        if envelope.message_id == "later":
+            self.later.set()
 
     async def close(self) -> None:
         pass
@@ -451,11 +460,14 @@ async def test_a_delayed_message_that_can_never_be_sent_goes_to_the_error_queue(
     refused, broken = copies
     assert refused.get("NServiceBus.MessageId") == "refused"
     assert refused.get("trace") == "x"
-    assert refused.get("NServiceBus.FailedQ") == "b"
+    # No route on `lite` leads to topic b: a table named like it, in its canonical form (a
+    # retry fails at ServiceControl until someone adds that table and a route from it).
+    assert refused.get("NServiceBus.FailedQ") == '"main"."b"'
+    assert refused.get("NServiceBus.Bridge.Destination") == "kafka/b"
     reason = refused.get("NServiceBus.ExceptionInfo.Message") or ""
     assert reason.startswith("the delayed message (BridgeDelays row ")
     assert reason.endswith(") to kafka/b can never be sent: too large")
-    assert broken.get("NServiceBus.FailedQ") == "a"
+    assert broken.get("NServiceBus.FailedQ") == '"main"."a"'
     assert broken.get("NServiceBus.Bridge.RawHeaders") == '[["NServiceBus.MessageId",'
     assert broken.get("NServiceBus.ExceptionInfo.ExceptionType") == "HeadersFormatError"
 
@@ -619,3 +631,196 @@ async def test_a_mover_that_sees_due_rows_it_cannot_take_waits_between_looks(
     # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
     assert MIN_WAIT == 0.05
     assert moves <= 8, f"{moves} moves in {seconds:.1f} s: the mover polls in a loop"
+
+
+LONG_ID = "x" * 41  # longer than NGinn's unique_id (40 characters), fine for Kafka
+
+
+def nginn_delays_on_sqlite(tmp_path: Path) -> tuple[Any, SqlTransport]:
+    """As `kafka_delayed_on_sqlite`, its `delays:` connection of NGinn tables."""
+    from bridge.config.models import BridgeConfig
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {
+                    "type": "sqlite",
+                    "path": str(tmp_path / "q.db"),
+                    "layout": "nginn",
+                    "nginn": {"alias": "ng", "timezone": "UTC"},
+                },
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    return config, lite
+
+
+@pytest.mark.parametrize("case", ["error queue missing", "nginn copy too long"])
+async def test_a_refused_row_whose_error_copy_cannot_be_written_never_sends_the_others_again(
+    tmp_path: Path, case: str
+) -> None:
+    """The rows sent are deleted whatever becomes of the error copy of a row refused for good
+    with them: a copy that cannot be written (the error queue's table dropped; an NGinn error
+    queue, whose unique_id holds 40 characters, nginn_rows.py `outgoing`) leaves the refused
+    row in BridgeDelays, put off by `PUT_OFF` seconds and counted, and the good row goes out
+    once (before: the whole settle rolled back, the good row was sent again at each take)."""
+    from bridge.service.delaying import DelayedProducer, delaying_sink
+    from bridge.transports.sql.delay_table import PUT_OFF
+
+    if case == "error queue missing":
+        config, lite = kafka_delayed_on_sqlite(tmp_path)
+        refused_id = "refused"
+    else:
+        config, lite = nginn_delays_on_sqlite(tmp_path)
+        refused_id = LONG_ID
+    inner = Refusing(refused_id, whole=True)
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        if case == "error queue missing":
+            with sqlite3.connect(tmp_path / "q.db") as db:
+                db.execute('DROP TABLE "bridge.error"')
+        due = time.time() + 0.3
+        sink = delaying_sink(config, "kafka", "a", None, inner, lambda name: lite)
+        for message_id in ("good", refused_id):
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            await sink.send([Envelope(headers, b"{}", deliver_at=due)])
+        producer = DelayedProducer(lite, lambda connection, address, key: inner)
+        running = asyncio.create_task(producer.run(stopping))
+        await asyncio.sleep(3.0)  # time to send the good row again, were it to
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await lite.close()
+    assert inner.sent == ["good"]
+    assert producer.uncopied == 1
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        (waiting,) = db.execute(
+            "SELECT Headers, (julianday(Due) - julianday('now')) * 86400.0 FROM \"BridgeDelays\""
+        ).fetchall()
+    assert refused_id in waiting[0]
+    assert PUT_OFF - 10 < waiting[1] <= PUT_OFF
+
+
+def test_check_connect_finds_the_delayed_table_of_a_destination_of_kafka(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """A route from Kafka may bring delayed messages (the record's delay header) to a SQL
+    table, which wait in its delayed table: `check --connect` fails while that table is
+    missing, instead of the first delayed message failing the route's batches."""
+    from tests.support.cli import run_bridge
+
+    topic = unique("in")
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        "connections:\n"
+        f'  lite: {{type: sqlite, path: "{tmp_path / "q.db"}"}}\n'
+        f'  kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}"}}\n'
+        "routes:\n"
+        f"  - {{name: in, from: {{connection: kafka, topic: {topic}, group: g}}, "
+        "to: {connection: lite, queue: Out}}\n"
+    )
+    run_bridge("install", config=config)
+    assert run_bridge("check", "--connect", config=config).returncode == 0
+    with sqlite3.connect(tmp_path / "q.db") as db:
+        db.execute('DROP TABLE "Out.Delayed"')
+    missing = run_bridge("check", "--connect", config=config, check=False)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert (
+        "lite: FAILED: sqlite connection 'lite': delayed table \"Out.Delayed\", where delayed "
+        "messages to it wait (its routes come from Kafka, whose records may ask for a delay), "
+        "does not exist (run `bridge install`)"
+    ) in missing.stdout
+
+
+async def test_a_delayed_message_without_its_delayed_table_is_refused_alone(
+    tmp_path: Path,
+) -> None:
+    """A delayed message to a table whose delayed table is missing is refused by its index
+    (the runner sends it to the error queue with the reason, and the rest of the batch on),
+    not a TransportError ("no such table") that fails the whole batch again and again."""
+    from bridge.config.models import SqliteConnection
+    from bridge.errors import MessageRejected
+
+    transport = load("lite", SqliteConnection(type="sqlite", path=str(tmp_path / "q.db")))
+    try:
+        await transport.install(["Out"])
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute('DROP TABLE "Out.Delayed"')
+        sink = transport.sink("Out")
+
+        def message(message_id: str, deliver_at: float | None = None) -> Envelope:
+            headers = Headers([("NServiceBus.MessageId", message_id)])
+            return Envelope(headers, b"{}", deliver_at=deliver_at)
+
+        batch = [message("a"), message("later", time.time() + 60), message("b")]
+        with pytest.raises(MessageRejected) as refused:
+            await sink.send(batch)
+        await sink.send([batch[0], batch[2]])  # the rest, as the runner sends it
+        await sink.close()
+        arrived = [e.message_id for e in await drain(transport, "Out")]
+    finally:
+        await transport.close()
+    assert refused.value.index == 1
+    assert str(refused.value) == (
+        "sqlite connection 'lite': table 'Out': its delayed table \"Out.Delayed\", where a "
+        "delayed message waits, does not exist (run `bridge install`)"
+    )
+    assert arrived == ["a", "b"]
+
+
+async def test_an_error_copy_of_a_delayed_message_names_the_proxy_that_leads_to_its_topic(
+    tmp_path: Path,
+) -> None:
+    """ServicePulse's retry sends a copy to its FailedQ on the transport where it found it:
+    the `delays:` connection. The copy of a row for endpoint Billing's topic (billing-in)
+    names Billing's
+    proxy on that connection, which the registry's route forwards to the topic: a retry
+    crosses to Kafka again (not an insert into a table named like the topic, which does not
+    exist). The topic is in `NServiceBus.Bridge.Destination`."""
+    from bridge.config.models import BridgeConfig
+    from bridge.service.delaying import DelayedProducer, delaying_sink, retry_queues
+
+    config = BridgeConfig.model_validate(
+        {
+            "connections": {
+                "lite": {"type": "sqlite", "path": str(tmp_path / "q.db")},
+                "kafka": {"type": "kafka", "bootstrap_servers": "127.0.0.1:1"},
+            },
+            "endpoints": {"Billing": {"connection": "kafka", "queue": "billing-in"}},
+            "delays": {"connection": "lite"},
+        }
+    )
+    lite = load("lite", config.connections["lite"])
+    assert isinstance(lite, SqlTransport)
+    proxied = "billing-in"  # the endpoint's topic; its proxy on `lite` is table Billing
+    assert retry_queues(config) == {("kafka", proxied): "Billing"}
+    inner = Refusing("refused", whole=True)
+    stopping = asyncio.Event()
+    try:
+        await lite.install_delay_table()
+        sink = delaying_sink(config, "kafka", proxied, None, inner, lambda name: lite)
+        headers = Headers([("NServiceBus.MessageId", "refused")])
+        await sink.send([Envelope(headers, b"{}", deliver_at=time.time() + 0.2)])
+        producer = DelayedProducer(
+            lite, lambda connection, address, key: inner, retry_to=retry_queues(config)
+        )
+        running = asyncio.create_task(producer.run(stopping))
+        for _ in range(100):
+            copies = await drain(lite, "bridge.error")
+            if copies:
+                break
+            await asyncio.sleep(0.05)
+        stopping.set()
+        await running
+    finally:
+        stopping.set()
+        await lite.close()
+    (copy,) = copies
+    assert copy.headers.get("NServiceBus.FailedQ") == '"main"."Billing"'
+    assert copy.headers.get("NServiceBus.Bridge.Destination") == f"kafka/{proxied}"

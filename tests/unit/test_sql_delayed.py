@@ -10,6 +10,7 @@ NServiceBus.SqlServer: src/NServiceBus.Transport.SqlServer/Queuing/SqlServerCons
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,71 @@ def test_nginn_delays_are_r_rows_due_by_the_database_clock(kind: str) -> None:
         assert [type(t).__name__ for t in parse(statements.next_due)] == ["Select"]
 
 
+WARSAW = "Europe/Warsaw"
+#: 2026-03-29 02:00 local: clocks go forward to 03:00; 2026-10-25 03:00: back to 02:00.
+SPRING = datetime(2026, 3, 28, 23, 30, tzinfo=UTC).timestamp()  # 00:30 CET
+AUTUMN = datetime(2026, 10, 25, 0, 0, tzinfo=UTC).timestamp()  # 02:00 CEST
+HOUR = 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("now", "delay", "local_delay", "local_due"),
+    [
+        # 00:30 CET + 2 h is 01:30 UTC, 03:30 CEST: getdate() must move 3 h, not 2 (02:30,
+        # a local time that day never has, which the mover reaches an hour early).
+        (SPRING, 2 * HOUR, 3 * HOUR, "2026-03-29 03:30"),
+        # 02:00 CEST + 2 h is 02:00 UTC, 03:00 CET: 1 h on the local clock, not 2 (an hour late).
+        (AUTUMN, 2 * HOUR, HOUR, "2026-10-25 03:00"),
+        (SPRING, 30 * 60_000, 30 * 60_000, "2026-03-29 01:00"),  # no change within the delay
+        (AUTUMN + 7 * 86400, 1500, 1500, "2026-11-01 01:00"),
+    ],
+)
+def test_an_nginn_delay_on_sql_server_follows_the_zones_offset_change(
+    now: float, delay: int, local_delay: int, local_due: str
+) -> None:
+    """SQL Server's NGinn `R` row is due at local `getdate()` + the delay (NGinn's
+    retry_time is local time); the delay passed is corrected by the change of the zone's
+    offset, so the local time reached is the due moment's local time, as PostgreSQL's and
+    SQLite's (UTC + delay, converted to the zone) is."""
+    from zoneinfo import ZoneInfo
+
+    from bridge.transports.sql.layouts.nginn_sql import local_delay_ms
+
+    zone = ZoneInfo(WARSAW)
+    assert local_delay_ms(delay, now, zone) == local_delay
+    local_now = datetime.fromtimestamp(now, zone).replace(tzinfo=None)
+    reached = local_now + timedelta(milliseconds=local_delay)
+    assert reached.strftime("%Y-%m-%d %H:%M") == local_due
+    due = datetime.fromtimestamp(now + delay / 1000, UTC)
+    assert reached.replace(tzinfo=zone).astimezone(UTC) == due
+
+
+def test_an_nginn_delayed_row_on_sql_server_passes_the_corrected_delay_to_getdate() -> None:
+    """The statement adds the parameter to `getdate()`; the parameter is the delay as
+    `local_delay_ms` corrects it for `nginn.timezone`."""
+    dialect = SqlServerDialect(
+        "ng",
+        SqlServerConnection.model_validate(
+            {
+                "type": "sqlserver",
+                "dsn": "Driver=x",
+                "catalog": "c",
+                "layout": "nginn",
+                "nginn": {"alias": "db", "timezone": WARSAW},
+            }
+        ),
+    )
+    statements = dialect.delayed_statements("Orders")
+    assert (
+        "DATEADD(ms, @due_ms % 1000, DATEADD(s, CAST(@due_ms / 1000 AS int), getdate()))"
+        in statements.store
+    )
+    envelope = Envelope(Headers([("NServiceBus.MessageId", "m")]), b'{"$type": "Orders.Place"}')
+    params = store_params(dialect, envelope, 2 * HOUR, "Orders", SPRING)
+    assert params[2] == 3 * HOUR  # @due_ms, after @from_endpoint and @to_endpoint
+    assert params[:2] == ("sql://db/bridge", "sql://db/Orders")
+
+
 # -- `delays:` (messaging-bridge.md §4) ---------------------------------------------------------
 
 DELAYS_CONFIG = """\
@@ -302,6 +368,71 @@ def test_delays_names_a_sql_connection_where_it_is_written(name: str, said: str)
     assert str(info.value).startswith(said)
 
 
+DELAYS_ERROR_QUEUE = """\
+connections:
+  local: {type: sqlite, path: ./bridge.db}
+  kafka: {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+endpoints:
+  Sales: {connection: local}
+  Billing: {connection: kafka}
+delays: {connection: local, error_queue: QUEUE}
+"""
+
+#: No endpoints: `again` reaches the file `local` does (two names for one place).
+DELAYS_ERROR_QUEUE_READ = """\
+connections:
+  local: {type: sqlite, path: ./bridge.db}
+  again: {type: sqlite, path: ./bridge.db}
+  kafka: {type: kafka, bootstrap_servers: "127.0.0.1:9092"}
+routes:
+  - {name: errors, from: {connection: again, queue: poison}, to: {connection: kafka, topic: p}}
+delays: {connection: local, error_queue: QUEUE}
+"""
+
+
+@pytest.mark.parametrize(
+    ("config", "queue", "said"),
+    [
+        (
+            DELAYS_ERROR_QUEUE,
+            "Sales",
+            "routes.yaml:7:42: delays.error_queue: error queue 'Sales' is named like endpoint "
+            "'Sales': delayed messages that can never be sent would be delivered to the "
+            "endpoint; name another error queue",
+        ),
+        (
+            DELAYS_ERROR_QUEUE,
+            "billing",  # the proxy of Billing on `local` (which a derived route reads) too
+            "routes.yaml:7:42: delays.error_queue: error queue 'billing' is named like "
+            "endpoint 'Billing'",
+        ),
+        (
+            DELAYS_ERROR_QUEUE_READ,
+            "poison",
+            "routes.yaml:7:42: delays.error_queue: 'poison' on connection 'local' is where "
+            "route 'errors' receives from: the error copies of delayed messages that can never "
+            "be sent would be forwarded again; name a queue no route reads",
+        ),
+        (
+            DELAYS_ERROR_QUEUE,
+            '"a\\0b"',
+            "routes.yaml:7:42: delays.error_queue: invalid name 'a\\x00b'",
+        ),
+        (DELAYS_ERROR_QUEUE, '" "', "routes.yaml:7:42: delays.error_queue: invalid name ' '"),
+    ],
+)
+def test_check_refuses_a_delays_error_queue_an_endpoint_or_a_route_would_read(
+    config: str, queue: str, said: str
+) -> None:
+    """messaging-bridge.md §4: `bridge check` refuses an error queue named like an endpoint
+    (the endpoint would receive the poison); `delays.error_queue` is an error queue too, and
+    one a route receives from (here through another connection name for the same file) would
+    forward the copies on again."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(config.replace("QUEUE", queue), "routes.yaml", {})
+    assert str(info.value).startswith(said), str(info.value)
+
+
 def test_delays_on_a_sql_connection_is_fine() -> None:
     config = parse_config(DELAYS_CONFIG.replace("NAME", "local"), "routes.yaml", {}).config
     assert config.delays is not None and config.delays.connection == "local"
@@ -315,7 +446,11 @@ def test_bridgedelays_statements_parse_as_tsql_on_the_right_table() -> None:
     (create,) = table.create
     guard, _, ddl = create.partition("\n")
     assert guard == "IF OBJECT_ID(N'[nservicebus].[dbo].[BridgeDelays]', N'U') IS NULL"
-    for statement in (ddl, table.store, table.take, table.next_due, table.delete):
+    skipping = table.take_statement(2)
+    assert skipping.count("AND NOT (Connection = ? AND Address = ?)") == 2
+    next_skipping = table._next_due.replace("{skip}", table._skip)
+    statements = (ddl, table.store, table.take, table.next_due, table.delete, table.put_off)
+    for statement in (*statements, skipping, next_skipping):
         (tree,) = parse(statement)
         names = {(t.catalog, t.db, t.name) for t in tree.find_all(exp.Table)}
         assert names == {("nservicebus", "dbo", "BridgeDelays")}, statement

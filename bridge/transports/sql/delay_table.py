@@ -14,9 +14,26 @@ deletes them in that transaction only after the destination acknowledged them, s
 between the two sends them again (at least once, never lost). A row that can never be sent
 (its destination refuses it for good, its connection is no longer in the config, its Headers
 column cannot be read) goes to the error queue instead: its error-queue copy
-(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers, `NServiceBus.FailedQ`
-its destination) is inserted into the queue table `error_queue` of the same connection
-(`delays: {error_queue}`, `bridge.error` by default) and the row deleted, in one transaction.
+(`bridge.nservicebus.deadletter.error_copy`, the reason in its headers, the destination as
+`<connection>/<address>` in `NServiceBus.Bridge.Destination`) is inserted into the
+queue table `error_queue` of the same connection (`delays: {error_queue}`, `bridge.error` by
+default) and the row deleted, in one transaction of its own (`copy_to_error_queue`). The rows
+sent are deleted first, in the take's transaction, with the refused rows put off by `PUT_OFF`
+seconds (`settle`): a copy that cannot be written (the error queue's table is missing, or an
+NGinn-layout error queue cannot hold the message, its id longer than NGinn's unique_id) never
+undoes the deletes of the rows sent, which would send them again and again; the refused row
+stays, due again `PUT_OFF` seconds later, when its copy is tried again.
+
+Where a retry goes
+    ServicePulse's retry sends a copy to its `NServiceBus.FailedQ` on the transport where it
+    found the copy: this SQL connection. FailedQ is therefore a table of this connection, in
+    its canonical form: the table a route (`retry_to`: the proxy of the registry's endpoint
+    that the destination is, else a written route) reads and forwards to the destination, so
+    a retry crosses to Kafka again (delayed again as it first asked, `deadletter`); without
+    one, a table named like the destination's topic, which does not exist unless someone
+    makes it: the retry fails at ServiceControl ("table does not exist") until a table of that
+    name and a route from it to the topic are added (then a retry crosses), or the message is
+    sent again by hand (`bridge send`, the topic in `NServiceBus.Bridge.Destination`).
 
 SQLite has no row locks: a transaction left open across the send would hold the file's write
 lock, and every other writer of the file (routes, endpoints) would wait for the network. There
@@ -30,7 +47,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,13 +59,28 @@ from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_id
 
-__all__ = ["CLAIM_FOR", "TABLE", "DelayRow", "DelayTable", "read_headers", "write_headers"]
+__all__ = [
+    "CLAIM_FOR",
+    "DESTINATION",
+    "PUT_OFF",
+    "TABLE",
+    "DelayRow",
+    "DelayTable",
+    "read_headers",
+    "write_headers",
+]
 
 TABLE = "BridgeDelays"
+#: The header of an error copy naming the destination it never reached, `<connection>/<address>`.
+DESTINATION = "NServiceBus.Bridge.Destination"
 #: SQLite: seconds a taken row is claimed for its send, far beyond what a send takes (Kafka's
 #: requests time out after `request_timeout_ms`, 40 s by default). A claim outlived (the
 #: producer died mid-send) makes the row due again: at least once.
 CLAIM_FOR = 300
+#: Seconds a row that can never be sent waits before its error copy is tried again, when the
+#: copy could not be written (module docstring); its destination is not sent it again until
+#: the copy is written (a refusal for good is final).
+PUT_OFF = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +100,18 @@ class DelayRow:
 class DelayTable:
     """The statements of `BridgeDelays` on one dialect, and its row mapping."""
 
-    def __init__(self, dialect: Dialect, error_queue: str = DEFAULT_ERROR_QUEUE) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        error_queue: str = DEFAULT_ERROR_QUEUE,
+        retry_to: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
         self.dialect = dialect
         #: The queue table, on the same connection, of the rows that can never be sent.
         self.error_queue = error_queue
+        #: The table of this connection a route reads and forwards to a destination
+        #: (connection, address): an error copy's FailedQ (module docstring).
+        self.retry_to = dict(retry_to or {})
         d, p = dialect, dialect.placeholder
         t = d.table(TABLE)
         tp = d.param_safe(t)
@@ -90,9 +130,9 @@ class DelayTable:
                 f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
                 "DATEADD(ms, ? % 1000, DATEADD(s, CAST(? / 1000 AS int), GETUTCDATE())))"
             )
-            self.take = (
+            self._take = (
                 f"SELECT TOP(?) {taken} FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK)\n"
-                "WHERE Due <= GETUTCDATE() ORDER BY Due"
+                "WHERE Due <= GETUTCDATE(){skip} ORDER BY Due"
             )
             # UPDLOCK as `take` has it: READPAST alone skips only rows under exclusive locks,
             # and would read the rows another producer's take holds (update locks).
@@ -100,10 +140,12 @@ class DelayTable:
                 "SELECT TOP 1 (CAST(Due AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
                 f"FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY Due"
             )
+            self._next_due = self.next_due.replace(" ORDER BY", " WHERE 1 = 1{skip} ORDER BY")
             self.waiting = (
                 "SELECT count(*), (CAST(min(Due) AS float) - CAST(GETUTCDATE() AS float)) * 86400 "
                 f"FROM {t} WHERE Connection = ? AND Address = ?"
             )
+            self.put_off = f"UPDATE {t} SET Due = DATEADD(s, ?, GETUTCDATE()) WHERE Id = ?"
         elif d.kind == "postgresql":
             self.create = (
                 f"CREATE TABLE IF NOT EXISTS {t} (\n  Id uuid NOT NULL PRIMARY KEY,\n"
@@ -115,8 +157,8 @@ class DelayTable:
                 f"INSERT INTO {tp} ({columns}) VALUES "
                 f"({p}, {p}, {p}, {p}, {p}, {p}, now() + {p} * INTERVAL '1 millisecond')"
             )
-            self.take = (
-                f"SELECT {taken} FROM {tp} WHERE Due <= now() ORDER BY Due "
+            self._take = (
+                f"SELECT {taken} FROM {tp} WHERE Due <= now(){{skip}} ORDER BY Due "
                 f"LIMIT {p} FOR UPDATE SKIP LOCKED"
             )
             # Rows another producer holds are skipped here as `take` skips them: were they
@@ -125,10 +167,15 @@ class DelayTable:
                 f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {t} ORDER BY Due LIMIT 1 "
                 "FOR KEY SHARE SKIP LOCKED"
             )
+            self._next_due = (
+                f"SELECT EXTRACT(EPOCH FROM Due - now()) FROM {tp} WHERE TRUE{{skip}} "
+                "ORDER BY Due LIMIT 1 FOR KEY SHARE SKIP LOCKED"
+            )
             self.waiting = (
                 f"SELECT count(*), EXTRACT(EPOCH FROM min(Due) - now()) FROM {tp} "
                 f"WHERE Connection = {p} AND Address = {p}"
             )
+            self.put_off = f"UPDATE {tp} SET Due = now() + {p} * INTERVAL '1 second' WHERE Id = {p}"
         else:
             self.create = (
                 f"CREATE TABLE IF NOT EXISTS {t} (\n  Id TEXT NOT NULL PRIMARY KEY,\n"
@@ -140,17 +187,24 @@ class DelayTable:
                 f"INSERT INTO {t} ({columns}) VALUES (?, ?, ?, ?, ?, ?, "
                 "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', (? / 1000.0) || ' seconds'))"
             )
-            self.take = f"SELECT {taken}, Due FROM {t} WHERE Due <= ? ORDER BY Due LIMIT ?"
+            self._take = f"SELECT {taken}, Due FROM {t} WHERE Due <= ?{{skip}} ORDER BY Due LIMIT ?"
             self.claim = f"UPDATE {t} SET Due = ? WHERE Id = ?"
             self.next_due = (
                 f"SELECT (julianday(Due) - julianday('now')) * 86400.0 FROM {t} "
                 "ORDER BY Due LIMIT 1"
             )
+            self._next_due = self.next_due.replace(" ORDER BY", " WHERE 1 = 1{skip} ORDER BY")
             self.waiting = (
                 f"SELECT count(*), (julianday(min(Due)) - julianday('now')) * 86400.0 FROM {t} "
                 "WHERE Connection = ? AND Address = ?"
             )
+            self.put_off = (
+                f"UPDATE {t} SET Due = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ? || ' seconds') "
+                "WHERE Id = ?"
+            )
         self.delete = f"DELETE FROM {tp} WHERE Id = {p}"
+        self._skip = f" AND NOT (Connection = {p} AND Address = {p})"
+        self.take = self.take_statement(0)
 
     def store_params(
         self, envelope: Envelope, due_ms: int, connection: str, address: str, key: str | None
@@ -160,24 +214,36 @@ class DelayTable:
         row = (new_id(), connection, address, key, headers, bytes(envelope.body))
         return (*row, due_ms, due_ms) if self.dialect.kind == "sqlserver" else (*row, due_ms)
 
-    def take_due(self, batch: int, db: DbConnection) -> list[DelayRow]:
-        """Of up to `batch` due rows, in due order, those for the first one's destination:
+    def take_statement(self, skipped: int) -> str:
+        """`take`, leaving out the rows of `skipped` destinations (connection, address)."""
+        return self._take.replace("{skip}", self._skip * skipped)
+
+    def take_due(
+        self, batch: int, db: DbConnection, skip: Sequence[tuple[str, str]] = ()
+    ) -> list[DelayRow]:
+        """Of up to `batch` due rows, in due order, those for the first one's destination,
+        leaving out those of the destinations in `skip` (connection, address: backing off):
         locked in a transaction left open (rolled back when none); SQLite: claimed in a
         transaction committed (module docstring), opened only after a read found a row due."""
         cursor = db.cursor()
         sqlite = self.dialect.kind == "sqlite"
+        take = self.take_statement(len(skip))
+        skipped = [value for pair in skip for value in pair]
         if sqlite:
             now = _sqlite_time(datetime.now(UTC))
             # A read first: an idle table takes no write lock on the file (as the movers look).
-            cursor.execute(self.take, (now, 1))
+            cursor.execute(take, (now, *skipped, 1))
             if not cursor.fetchall():
                 db.rollback()
                 return []
             self.dialect.begin(db)
-            cursor.execute(self.take, (now, batch))
+            cursor.execute(take, (now, *skipped, batch))
+        elif self.dialect.kind == "sqlserver":
+            self.dialect.begin(db)
+            cursor.execute(take, (batch, *skipped))
         else:
             self.dialect.begin(db)
-            cursor.execute(self.take, (batch,))
+            cursor.execute(take, (*skipped, batch))
         rows = [_row(row, sqlite) for row in cursor.fetchall()]
         if rows:
             to = (rows[0].connection, rows[0].address, rows[0].key)
@@ -218,27 +284,51 @@ class DelayTable:
     def settle(
         self, sent: Sequence[str], failed: Sequence[tuple[DelayRow, str]], db: DbConnection
     ) -> None:
-        """In the transaction `take_due` left open (SQLite: a new one): insert the error copy
-        of each failed row (refused for good, or unreadable) into `error_queue` with its
-        reason, delete the rows sent and failed, and commit: copies and deletes together or
-        not at all."""
+        """In the transaction `take_due` left open (SQLite: a new one): delete the rows sent,
+        put the failed ones (refused for good, or unreadable) off by `PUT_OFF` seconds, and
+        commit. Their error copies are written afterwards, each on its own
+        (`copy_to_error_queue`): one that cannot be written never undoes these deletes."""
         if self.dialect.kind == "sqlite":
             self.dialect.begin(db)
         cursor = db.cursor()
         if failed:
-            d, now, queue = self.dialect, time.time(), self.error_queue
-            copies = [_error_copy(row, reason) for row, reason in failed]
-            rows = [d.send_params(d.layout.outgoing(c, now, address=queue)) for c in copies]
-            cursor.executemany(d.send_statement(db, queue), rows)
-        gone = [*sent, *(row.id for row, _ in failed)]
-        if gone:
-            cursor.executemany(self.delete, [(i,) for i in gone])
+            cursor.executemany(self.put_off, [(PUT_OFF, row.id) for row, _ in failed])
+        if sent:
+            cursor.executemany(self.delete, [(i,) for i in sent])
         db.commit()
 
-    def seconds_to_next_due(self, db: DbConnection) -> float | None:
+    def copy_to_error_queue(self, row: DelayRow, reason: str, db: DbConnection) -> None:
+        """Insert the error copy of `row` (`_error_copy`) into `error_queue` and delete the
+        row, in one transaction; a failure (the table missing, a copy the error queue's layout
+        cannot hold: HeadersFormatError) leaves the row as `settle` put it off."""
+        d = self.dialect
+        failed_q = d.canonical_address(
+            self.retry_to.get((row.connection, row.address), row.address)
+        )
+        copy = d.send_params(
+            d.layout.outgoing(
+                _error_copy(row, reason, failed_q), time.time(), address=self.error_queue
+            )
+        )
+        if d.kind == "sqlite":
+            d.begin(db)
+        cursor = db.cursor()
+        cursor.execute(d.send_statement(db, self.error_queue), copy)
+        cursor.execute(self.delete, (row.id,))
+        db.commit()
+
+    def seconds_to_next_due(
+        self, db: DbConnection, skip: Sequence[tuple[str, str]] = ()
+    ) -> float | None:
+        """Seconds until the first row is due (negative: overdue), leaving out the rows of
+        the destinations in `skip` (as `take_due`); None when there is none."""
         cursor = db.cursor()
         try:
-            cursor.execute(self.next_due)
+            if skip:
+                statement = self._next_due.replace("{skip}", self._skip * len(skip))
+                cursor.execute(statement, [value for pair in skip for value in pair])
+            else:
+                cursor.execute(self.next_due)
             row = cursor.fetchone()
         finally:
             db.rollback()
@@ -262,15 +352,18 @@ def _row(row: Sequence[Any], sqlite: bool) -> DelayRow:
     )
 
 
-def _error_copy(row: DelayRow, reason: str) -> Envelope:
-    """The error-queue copy of a row that can never be sent: `NServiceBus.FailedQ` is its
-    destination (where it failed to go), the reason names the connection as well."""
+def _error_copy(row: DelayRow, reason: str, failed_q: str) -> Envelope:
+    """The error-queue copy of a row that can never be sent: `NServiceBus.FailedQ` is
+    `failed_q` (where a retry goes, module docstring), its destination is in
+    `NServiceBus.Bridge.Destination`, and the reason names it."""
     why = (
         f"the delayed message ({TABLE} row {row.id}) to {row.connection}/{row.address} can "
         f"never be sent: {reason}"
     )
     if row.unreadable is None:
-        return error_copy(row.envelope, why, row.address)
+        copy = error_copy(row.envelope, why, failed_q)
+        copy.headers.set(DESTINATION, f"{row.connection}/{row.address}")
+        return copy
     poison = PoisonMessage(
         raw_headers=row.unreadable[0],
         body=bytes(row.envelope.body),
@@ -278,7 +371,9 @@ def _error_copy(row: DelayRow, reason: str) -> Envelope:
         exception_type=HeadersFormatError.__name__,
         native_id=row.id,
     )
-    return error_copy(poison, why, row.address)
+    copy = error_copy(poison, why, failed_q)
+    copy.headers.set(DESTINATION, f"{row.connection}/{row.address}")
+    return copy
 
 
 def write_headers(headers: Headers) -> str:

@@ -35,6 +35,7 @@ from bridge.transports.sql import headers as headers_codec
 from bridge.transports.sql.dialects import tsql
 from bridge.transports.sql.dialects.base import DbConnection, DbCursor, Dialect
 from bridge.transports.sql.layouts.base import new_id
+from bridge.transports.sql.layouts.nginn_sql import local_delay_ms
 
 __all__ = [
     "FORWARD_DESTINATION",
@@ -93,6 +94,11 @@ def store_params(
     `address`. HeadersFormatError where the row cannot hold its headers."""
     if dialect.layout_name == "nginn":
         row = dialect.layout.outgoing(envelope, now, address=address)
+        if dialect.kind == "sqlserver":  # added to local getdate(): see `local_delay_ms`
+            from bridge.transports.sql.layouts.nginn import NGinnLayout
+
+            assert isinstance(dialect.layout, NGinnLayout)
+            due_ms = local_delay_ms(due_ms, now, dialect.layout.mapping.zone)
         return (*row[:2], due_ms, *row[2:])
     headers = envelope.headers.copy()
     headers.set(FORWARD_DESTINATION, dialect.canonical_address(address))

@@ -14,7 +14,10 @@ Delays
     transaction: a row of the table's delayed table (NServiceBus layout) or an `R` row (NGinn),
     `bridge.transports.sql.delayed`. One due more than `MAX_DELAY_SECONDS` (2^31-1 s) on, or
     with a time to be received, raises `MessageRejected` with its index before anything is
-    written.
+    written, and so does the first delayed message of a send when the delayed table does not
+    exist (NServiceBus layout; looked for before the first delayed message is stored, until
+    found): the runner sends it to the error queue, the reason naming `bridge install`, and
+    the rest of the batch on, instead of the insert failing the whole batch again and again.
 
 Staged sends
     A send of `STAGE_FROM` rows or more goes through the dialect's send stage where it has one
@@ -78,6 +81,8 @@ class SqlSink:
         # Where the dialect stages sends (see `STAGE_FROM`): the insert from the stage.
         staged = dialect.queue_statements(address).send_staged if dialect.send_stage else ""
         self._staged = "" if self._borrowed else staged
+        #: The delayed table was found (looked for once, before the first delayed message).
+        self._delayed_found = False
 
     def fence_checkpoint(self, stored: Mapping[str, int | None]) -> None:
         """From now on, store a position only over the one expected: at first `stored[name]`
@@ -132,7 +137,7 @@ class SqlSink:
         now = time.time()
         send_params, outgoing = self._dialect.send_params, self._dialect.layout.outgoing
         address = self._address
-        rows, delayed = [], []
+        rows, delayed, delayed_at = [], [], []
         for index, (envelope, native_id) in enumerate(
             zip(envelopes, new_ids(len(envelopes)), strict=True)
         ):
@@ -148,11 +153,16 @@ class SqlSink:
                         return longer
                     due_ms = round((due - now) * 1000)
                     delayed.append(store_params(self._dialect, envelope, due_ms, address, now))
+                    delayed_at.append(index)
                     continue
                 rows.append(send_params(outgoing(envelope, now, native_id, address=address)))
             except HeadersFormatError as exc:
                 where = f"{self._dialect.describe()}: table {self._address!r}"
                 return MessageRejected(f"{where}: {exc}", index=index)
+        if delayed and not self._delayed_found:
+            missing = self._missing_delayed_table(db, delayed_at[0])
+            if missing is not None:
+                return missing
         if positions:
             self._checkpoints.ensure_table(db)
         staged = self._staged and len(rows) >= STAGE_FROM
@@ -178,3 +188,19 @@ class SqlSink:
         if positions:
             self._checkpoints.committed(positions, expected)
         return None
+
+    def _missing_delayed_table(self, db: DbConnection, index: int) -> MessageRejected | None:
+        """The refusal of the delayed message at `index` when the destination's delayed table
+        does not exist (NGinn: none is needed, its `R` rows wait in the queue table)."""
+        table = self._dialect.delayed_statements(self._address).table
+        if not table or self._dialect.table_exists(db, table):
+            self._delayed_found = True
+            return None
+        if not self._borrowed:
+            db.rollback()
+        return MessageRejected(
+            f"{self._dialect.describe()}: table {self._address!r}: its delayed table "
+            f"{self._dialect.table(table)}, where a delayed message waits, does not exist "
+            "(run `bridge install`)",
+            index=index,
+        )

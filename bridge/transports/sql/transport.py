@@ -215,6 +215,25 @@ class Transport(RangeReads):
         self.dialect.before_check()
         return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
 
+    async def check_delayed(self, addresses: Sequence[str]) -> None:
+        """Raise when the delayed table of a queue table in `addresses` (destinations that
+        may be sent delayed messages) does not exist; NGinn layout: none is needed."""
+        await self._run(partial(self._check_delayed, list(dict.fromkeys(addresses))))
+
+    def _check_delayed(self, addresses: list[str], db: DbConnection) -> None:
+        try:
+            tables = [self.dialect.delayed_statements(a).table for a in addresses]
+            missing = [t for t in tables if t and not self.dialect.table_exists(db, t)]
+        finally:
+            db.rollback()
+        if missing:
+            names = ", ".join(self.dialect.table(t) for t in missing)
+            raise TransportError(
+                f"{self.dialect.describe()}: delayed table {names}, where delayed messages to "
+                "it wait (its routes come from Kafka, whose records may ask for a delay), does "
+                "not exist (run `bridge install`)"
+            )
+
     async def peek(self, address: str) -> QueueStats:
         return await self._run(partial(self._peek, address))
 

@@ -33,11 +33,13 @@ defines on each connection (SQLite's 'now' is one value within a statement, so a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 from bridge.transports.sql.dialects import tsql
 from bridge.transports.sql.dialects.base import Dialect
 
-__all__ = ["SQLITE_LOCAL", "NGinnStatements", "statements"]
+__all__ = ["SQLITE_LOCAL", "NGinnStatements", "local_delay_ms", "statements"]
 
 #: The SQLite function that turns a UTC time into the local time of `nginn.timezone`
 #: (`local_text` format).
@@ -56,6 +58,25 @@ _RETURNED = (
 )
 
 
+def local_delay_ms(due_ms: int, now: float, zone: ZoneInfo) -> int:
+    """The delay to add to the local clock of `zone` (SQL Server's `getdate()`) so that the
+    local time reached is the local time of the moment `due_ms` milliseconds after `now`
+    (epoch seconds): the delay plus the change of the zone's UTC offset between the two.
+
+    NGinn's `retry_time` is local time: NGinn writes `DateTime.Now` or a local DeliverAt
+    (lafar6502/nginn-messagebus NGinnBPM.MessageBus/Impl/SqlQueue/CommonQueueOps.cs:138) and
+    moves `R` rows when `retry_time <= getdate()` (Impl/DbMessageTransport._cs:1015), so a
+    delay added to `getdate()` unchanged is an hour off across a daylight-saving change
+    (PostgreSQL and SQLite add it to UTC and convert to the zone, `nginn.timezone`, which is
+    the same local time as this). Where that local time occurs twice (the hour a clock goes
+    back), the mover takes the row at its first occurrence, as NGinn's own rows are taken."""
+    start = datetime.fromtimestamp(now, zone)
+    due = datetime.fromtimestamp(now + due_ms / 1000, zone)
+    start_offset, due_offset = start.utcoffset(), due.utcoffset()
+    assert start_offset is not None and due_offset is not None
+    return due_ms + round((due_offset - start_offset).total_seconds() * 1000)
+
+
 @dataclass(frozen=True, slots=True)
 class NGinnStatements:
     """One NGinn table's statements (beyond `QueueStatements`' shape).
@@ -72,7 +93,8 @@ class NGinnStatements:
     mover    no params: due `R` rows back to `I`
     cleanup  no params: `X` rows older than the retention deleted
     send_delayed  params `OutgoingNGinnRow` with the delay in ms after `to_endpoint`: an `R`
-             row whose `retry_time` is the database's local clock + the delay
+             row whose `retry_time` is the database's local clock + the delay (SQL Server:
+             the delay as `local_delay_ms` corrects it, `getdate()` being local time)
     next_due no params -> at most one row: seconds until the earliest `R` row is due (none or
              NULL: none; PostgreSQL: rows other transactions hold skipped)
     scheduled  no params -> one row: `R` rows waiting
