@@ -14,7 +14,8 @@ The publishers are played as NServiceBus's publish:
 - on Kafka, this project's convention: once to the topic of the event's type (spec §2).
 
 What the bridge writes is compared with what NServiceBus itself would write: a SubscriptionRouting
-row (Endpoint = the subscriber, QueueAddress = its proxy's address, Topic = the subscribed type's
+row (Endpoint = the subscriber, QueueAddress = its proxy's address, or for Kafka subscribers
+their event queue's, Topic = the subscribed type's
 full name: SubscriptionManager.cs:9-11 and SubscriptionTable.cs:27-40 there, and the Messaging
 Bridge's proxies named like their endpoints: EndpointProxyFactory.cs:22-23 of
 Particular/NServiceBus.MessagingBridge@ef463cf); on RabbitMQ the event's exchange bound to the
@@ -88,7 +89,10 @@ class Site:
         ns = unique("T")
         self.placed = f"{ns}.Sales.OrderPlaced"
         self.express = f"{ns}.Sales.ExpressOrderPlaced"  # derives from OrderPlaced
-        self.shipped = f"{ns}.Warehouse.Shipped"
+        # A short name of its own: the Kafka subscribers' event queue on the shared broker is
+        # named from it (`kafka_<ShortName>`).
+        shipped = f"Shipped{uuid.uuid4().hex[:8]}"
+        self.shipped = f"{ns}.Warehouse.{shipped}"
         self.stock = f"{ns}.Inventory.StockChanged"
         self.stock_topic = unique("stock-changed")
         self.legacy_topic = unique("legacy-stock")  # read by a written route that publishes
@@ -97,7 +101,7 @@ class Site:
             for x in (
                 "Sales:OrderPlaced",
                 "Sales:ExpressOrderPlaced",
-                "Warehouse:Shipped",
+                f"Warehouse:{shipped}",
                 "Inventory:StockChanged",
             )
         ]
@@ -131,7 +135,9 @@ class Site:
                     subscribes: [{{event: {self.placed}, publisher: {self.sales}}}]
                   {self.audit}:
                     connection: kafka
-                    subscribes: [{{event: {self.placed}, publisher: {self.sales}}}]
+                    subscribes:
+                      - {{event: {self.placed}, publisher: {self.sales}}}
+                      - {{event: {self.shipped}, publisher: {self.warehouse}}}
                   {self.ledger}:
                     connection: lite
                     subscribes:
@@ -149,7 +155,14 @@ class Site:
                 """
             )
         )
-        connections = load_config(self.config).config.connections
+        config = load_config(self.config).config
+        connections = config.connections
+        #: The Kafka subscribers' event queues, by connection of the publisher.
+        self.event_queues = {
+            s.connection: s.table
+            for s in config.registry.pubsub.subscriptions()
+            if s.kind == "kafka" and s.table is not None
+        }
         self.transports: dict[str, Transport] = {
             name: load(name, connections[name]) for name in ("pg", "rabbit", "kafka", "lite")
         }
@@ -252,6 +265,8 @@ class Site:
         cleanup = channel.channel()
         for exchange in self.exchanges:
             cleanup.exchange_delete(exchange)
+        cleanup.queue_delete(self.event_queues["rabbit"])
+        cleanup.exchange_delete(self.event_queues["rabbit"])
         channel.close()
 
 
@@ -278,11 +293,14 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     s = site
     installed = bridge(s.config, "install").stdout
     assert f"pg: subscribed {s.shipping} to {s.placed} at {s.address(s.shipping)}" in installed
-    # The rows NServiceBus would write for each proxy; the Kafka subscribers share one address.
+    # The rows NServiceBus would write for each proxy; the Kafka subscribers share one address,
+    # their event queue's, named from the Kafka connection and the event alone.
+    pg_events, rabbit_events = s.event_queues["pg"], s.event_queues["rabbit"]
+    assert pg_events == "kafka_OrderPlaced" and rabbit_events == f"kafka_{s.shipped.split('.')[-1]}"
     expected = sorted(
         [
-            (s.analytics, s.placed, s.address(s.analytics)),
-            (s.audit, s.placed, s.address(s.analytics)),
+            (s.analytics, s.placed, s.address(pg_events)),
+            (s.audit, s.placed, s.address(pg_events)),
             # Billing subscribes to an event published on Kafka: subscribed at home, as it
             # would subscribe itself (its own address), so that the bridge's publish finds it.
             (s.billing, s.stock, s.address(s.billing)),
@@ -301,15 +319,20 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     assert "kafka: OK (" in checked and s.placed in checked and s.stock_topic in checked
     shipped_exchange = s.exchanges[2]
     # As NServiceBus subscribes the Messaging Bridge's type of the event: to System.Object too.
+    # and, for the Kafka subscriber, to its event queue's exchange (declared with the proxies).
     assert s.bindings(shipped_exchange) == sorted(
-        [("exchange", "System:Object", ""), ("exchange", s.billing, "")]
+        [
+            ("exchange", "System:Object", ""),
+            ("exchange", s.billing, ""),
+            ("exchange", rabbit_events, ""),
+        ]
     )
     shown_exchange = api("GET", f"exchanges/%2F/{quote(shipped_exchange, safe='')}")
     assert (shown_exchange["type"], shown_exchange["durable"]) == ("fanout", True)
     assert ("exchange", s.shipping, "") in s.bindings(s.exchanges[3])
 
-    # Sales publishes a derived event on PostgreSQL: Shipping, Analytics (once, for Analytics
-    # and Audit) and Ledger each get one copy in their proxy tables.
+    # Sales publishes a derived event on PostgreSQL: Shipping and Ledger each get one copy in
+    # their proxy tables, Analytics and Audit one in their event queue.
     copies = await s.publish_pg(event("express-1", s.express, s.placed), s.express, s.placed)
     assert copies == 3
     # Warehouse publishes on RabbitMQ; Inventory produces to its event's topic on Kafka.
@@ -337,12 +360,19 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     assert sorted(m.message_id for m in billing) == ["shipped-1", "stock-1"]
     ledger = await drain(s["lite"], s.ledger)
     assert sorted(m.message_id for m in ledger) == ["express-1", "legacy-1", "stock-1"]
-    # Once, not once per subscriber; and not to the carrier's own topic.
+    # Once, not once per subscriber; and not to a subscriber's own topic.
     assert (await s["kafka"].peek(s.placed)).depth == 1  # the subscribed type's derived topic
     assert (await s["kafka"].peek(s.analytics)).depth == 0
+    assert (await s["kafka"].peek(s.audit)).depth == 0
     [to_kafka] = await s.read_topic(s.placed, 1)
     assert to_kafka.message_id == "express-1"
     assert to_kafka.headers.get(ENCLOSED) == enclosed(s.express, s.placed)
+    assert to_kafka.headers.get(INTENT) == "Publish"
+    # Published on RabbitMQ: once to its topic, through the event queue's route.
+    assert (await s["kafka"].peek(s.shipped)).depth == 1
+    [shipped] = await s.read_topic(s.shipped, 1)
+    assert shipped.message_id == "shipped-1"
+    assert shipped.headers.get(ENCLOSED) == enclosed(s.shipped)
     # The bridge published StockChanged on RabbitMQ as a publisher without .NET types must.
     assert ("exchange", "System:Object", "") in s.bindings(s.exchanges[3])
 
@@ -354,11 +384,29 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
             "publisher": s.sales,
             "kind": "kafka",
             "connection": "pg",
-            "address": s.address(s.analytics),
+            "address": s.address(pg_events),
             "topic": s.placed,
+            "queue": pg_events,
+            "route": f"events.pg.{pg_events}",
             "state": "subscribed",
-        }
+        },
+        {
+            "event": s.shipped,
+            "publisher": s.warehouse,
+            "kind": "kafka",
+            "connection": "rabbit",
+            "address": rabbit_events,
+            "topic": s.shipped,
+            "queue": rabbit_events,
+            "route": f"events.rabbit.{rabbit_events}",
+            "state": "subscribed",
+        },
     ]
+    # One Kafka subscriber unsubscribed: its row goes, the other's stays at the event queue.
+    bridge(s.config, "unsubscribe", "--endpoint", s.audit, "--event", s.placed)
+    assert s.rows() == [r for r in expected if r[0] != s.audit]
+    bridge(s.config, "subscribe", "--endpoint", s.audit, "--event", s.placed)
+    assert s.rows() == expected
 
     shipping_shown = next(e for e in shown["endpoints"] if e["name"] == s.shipping)
     assert [x["state"] for x in shipping_shown["subscriptions"]] == ["subscribed", "subscribed"]
@@ -375,7 +423,9 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     # On RabbitMQ the binding goes, twice without complaint, and comes back.
     for _ in range(2):
         bridge(s.config, "unsubscribe", "--endpoint", s.billing, "--event", s.shipped)
-        assert s.bindings(shipped_exchange) == [("exchange", "System:Object", "")]
+        assert s.bindings(shipped_exchange) == sorted(
+            [("exchange", "System:Object", ""), ("exchange", rabbit_events, "")]
+        )
     bridge(s.config, "subscribe", "--endpoint", s.billing, "--event", s.shipped)
     assert ("exchange", s.billing, "") in s.bindings(shipped_exchange)
 
@@ -385,7 +435,11 @@ async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) 
     bridge(s.config, "install")
     bound = {exchange: s.bindings(exchange) for exchange in s.exchanges[2:]}
     assert bound[s.exchanges[2]] == sorted(
-        [("exchange", "System:Object", ""), ("exchange", s.billing, "")]
+        [
+            ("exchange", "System:Object", ""),
+            ("exchange", s.billing, ""),
+            ("exchange", s.event_queues["rabbit"], ""),
+        ]
     )
     placed = {f"p-{i}-{uuid.uuid4().hex[:6]}" for i in range(1000)}
     sink = s["pg"].sink(s.shipping)  # Sales published: one copy in the Shipping proxy
