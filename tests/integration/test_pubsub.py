@@ -31,6 +31,7 @@ import json
 import sqlite3
 import textwrap
 import time
+import urllib.error
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -477,3 +478,86 @@ async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) 
     report("pub/sub pg->rabbit, kill -9", placed, delivered, bound=50)
     published = [m.message_id or "" for m in await drain(s["pg"], s.billing)]
     report("pub/sub kafka->pg published, kill -9", stock, published, bound=50)
+
+
+async def test_no_subscription_names_a_missing_event_queue(
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
+    rabbitmq_url: str,
+    kafka_bootstrap: str,
+    rabbitmq_queues: Callable[..., str],
+) -> None:
+    """Without `proxies: {create: true}` the event queues must exist: `bridge check --connect`
+    names the missing ones, and `bridge install` makes no row or binding naming them (the
+    publisher would lose the events: NServiceBus's SQL publisher fails on the missing table,
+    RabbitMQ cannot bind to a missing exchange) and exits 1; once they exist, it subscribes."""
+    sales, warehouse = rabbitmq_queues("Sales"), rabbitmq_queues("Warehouse")
+    stats, poison = rabbitmq_queues("Stats"), rabbitmq_queues("poison")
+    ns = unique("T")
+    placed, shipped = f"{ns}.Sales.OrderPlaced", f"{ns}.W.Shipped{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              pg: {{type: postgresql, dsn: "{pg_dsn}", schema: "{pg_schema}"}}
+              rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", queue_type: quorum}}
+              kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}"}}
+            endpoints:
+              {sales}: {{connection: pg}}
+              {warehouse}: {{connection: rabbit}}
+              {stats}:
+                connection: kafka
+                subscribes:
+                  - {{event: {placed}, publisher: {sales}}}
+                  - {{event: {shipped}, publisher: {warehouse}}}
+            proxies: {{connections: [kafka], group: {unique("g")}, error_queue: {poison}}}
+            """
+        )
+    )
+    loaded = load_config(config).config
+    queues = {s.connection: s.table for s in loaded.registry.pubsub.subscriptions() if s.table}
+    pg = load("pg", loaded.connections["pg"])
+    rabbit = load("rabbit", loaded.connections["rabbit"])
+    kafka = load("kafka", loaded.connections["kafka"])
+    try:
+        await pg.install([sales, poison])
+        await rabbit.install([warehouse, poison])
+        await kafka.install([stats])
+        checked = bridge(config, "check", "--connect", check=False)
+        assert checked.returncode == 1
+        assert f"{queues['pg']} is an event queue" in checked.stdout, checked.stdout
+        assert f"{queues['rabbit']} is an event queue" in checked.stdout, checked.stdout
+        installed = bridge(config, "install", check=False)
+        assert installed.returncode == 1, installed.stdout
+        assert "not subscribed" in installed.stderr and "event queue" in installed.stderr
+        with psycopg.connect(pg_dsn) as db:
+            rows = db.execute(f'SELECT count(*) FROM "{pg_schema}"."SubscriptionRouting"')
+            assert rows.fetchone() == (0,)
+        exchange = quote(f"{ns}.W:{shipped.rsplit('.', 1)[1]}", safe="")
+        try:
+            found = api("GET", f"exchanges/%2F/{exchange}/bindings/source")
+        except urllib.error.HTTPError as exc:  # not even declared
+            assert exc.code == 404
+            found = []
+        assert not [b for b in found if b["destination"] == queues["rabbit"]]
+        # The event queues created as the endpoints' installers would: subscribed.
+        await pg.install([queues["pg"]])
+        await rabbit.install([queues["rabbit"]])
+        installed = bridge(config, "install")
+        assert f"subscribed {stats} to {shipped} at {queues['rabbit']}" in installed.stdout
+        with psycopg.connect(pg_dsn) as db:
+            rows = db.execute(
+                f'SELECT endpoint, queueaddress FROM "{pg_schema}"."SubscriptionRouting"'
+            )
+            assert rows.fetchall() == [(stats, f'"{pg_schema}"."{queues["pg"]}"')]
+    finally:
+        for transport in (pg, rabbit, kafka):
+            await transport.close()
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        cleanup = connection.channel()
+        cleanup.queue_delete(queues["rabbit"])
+        for name in (queues["rabbit"], f"{ns}.W:{shipped.rsplit('.', 1)[1]}"):
+            cleanup.exchange_delete(name)
+        connection.close()

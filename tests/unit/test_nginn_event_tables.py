@@ -294,11 +294,12 @@ def test_check_says_a_missing_event_table_is_one() -> None:
     """`bridge check --connect` without `proxies: {create: true}`: what is missing and why."""
     from bridge.commands.setup import _made_like_proxies
 
-    tables = {"Shipping_Placed"}
+    tables = {"Shipping_Placed": "NGinn event table", "kafka_Placed": "event queue"}
     assert _made_like_proxies(["Shipping_Placed"], tables) == "is an NGinn event table"
+    assert _made_like_proxies(["kafka_Placed"], tables) == "is an event queue"
     assert _made_like_proxies(["Shipping"], tables) == "is a proxy"
     both = _made_like_proxies(["Shipping", "Shipping_Placed"], tables)
-    assert both == "are proxies and event tables"
+    assert both == "are proxies and NGinn event tables"
 
 
 def test_an_event_table_is_never_a_written_routes_table() -> None:
