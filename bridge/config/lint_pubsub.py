@@ -207,7 +207,7 @@ def subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> No
 
 def _publishing_loops(config: BridgeConfig, registry: Registry, at: Positions) -> None:
     """A written route with `publish: true` must not read a topic to which the bridge sends an
-    event published on the route's destination (by a Kafka carrier's route or an NGinn event
+    event published on the route's destination (by an event queue's route or an NGinn event
     table's): each event would be published there again, reach the Kafka subscribers'
     subscription again and come back to the topic, for ever. On NGinn tables only when the
     route publishes as the event's publisher (its `to.queue`), whose subscribers they are."""

@@ -129,6 +129,9 @@ class PubSub:
 
     def _resolved(self) -> Iterator[Subscribed]:
         registry = self.registry
+        # For an NGinn publisher only (`_proxy_endpoint` in service/subscriptions.py): the
+        # proxy of the first Kafka subscriber, which a bridge from before event tables
+        # subscribed; elsewhere `_with_event_tables` gives each its event queue.
         carriers: dict[tuple[str, str], str] = {}
         for name, endpoint in registry.endpoints.items():
             home = endpoint.connection
@@ -162,9 +165,10 @@ class PubSub:
     def _with_event_tables(self, made: list[Subscribed]) -> list[Subscribed]:
         """`made`, each subscription to an NGinn publisher given its event table: one per
         connection, subscriber queue and event; the Kafka subscribers of an event on one Kafka
-        connection share one, owned by that connection (not the carrier, which moves with the
-        file's order). Named on each connection all at once (`event_tables`), so that the
-        order of the file names nothing."""
+        connection share one, owned by that connection (not the first of them, which moves with
+        the file's order); so do those of an event published on SQL queue tables or RabbitMQ,
+        whose one event queue is named the same way. Named on each connection all at once
+        (`event_tables`), so that the order of the file names nothing."""
         wanted: dict[Subscribed, Wanted] = {}
         for s in made:
             nginn = self.nginn(s.connection) is not None

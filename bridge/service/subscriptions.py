@@ -151,7 +151,8 @@ async def _apply_nginn(
     transaction (Impl/MessageBus.cs:347-371 of lafar6502/nginn-messagebus @1fa4baf), so a row
     naming a missing table would make every publish of the event fail. Removing a
     subscription to an NGinn publisher removes the row whose subscriber is the proxy (or
-    carrier) too, as subscriptions were made before they had event tables."""
+    first Kafka subscriber's proxy) too, as subscriptions were made before they had event
+    tables."""
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 
