@@ -120,8 +120,8 @@ def describe_registry(
         }
         if s.kind == "kafka" or s.kind == "home":
             subscribed["topic"] = pubsub.topic(s.event)
-        if s.table is not None:  # an NGinn publisher's: the event table and its route
-            subscribed["table"] = s.table
+        if s.table is not None:  # an NGinn publisher's event table, or an event queue
+            subscribed["table" if pubsub.nginn(s.connection) else "queue"] = s.table
             subscribed["route"] = routes.get((s.connection, s.table))
         if states is not None and s.native:
             subscribed["state"] = states.get((s.endpoint, s.event), "unknown")
@@ -154,6 +154,8 @@ def _how(s: dict[str, Any]) -> str:
     }[s["kind"]]
     if "table" in s:
         how = how.replace("its proxy ", "event table ", 1) + f", route {s['route']}"
+    elif "queue" in s:
+        how = how.replace("via ", "event queue ", 1) + f", route {s['route']}"
     return how + (f" [{s['state']}]" if "state" in s else "")
 
 

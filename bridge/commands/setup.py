@@ -34,10 +34,16 @@ async def check(config_path: str, *, connect: bool) -> int:
     proxies: dict[str, list[str]] = {}
     for place in config.registry.proxies():
         proxies.setdefault(place.connection, []).append(place.queue)
-    tables = {s.table for s in config.registry.pubsub.subscriptions() if s.table is not None}
-    for s in config.registry.pubsub.subscriptions():
+    pubsub = config.registry.pubsub
+    # An NGinn event table, or a Kafka subscribers' event queue: what each is.
+    tables = {
+        s.table: "NGinn event table" if pubsub.nginn(s.connection) else "event queue"
+        for s in pubsub.subscriptions()
+        if s.table is not None
+    }
+    for s in pubsub.subscriptions():
         if s.table is not None and s.table not in proxies.get(s.connection, []):
-            proxies.setdefault(s.connection, []).append(s.table)  # an NGinn event table
+            proxies.setdefault(s.connection, []).append(s.table)
     delayed = delayed_destinations(config)
     for name, needed in addresses(config).items():
         transport = transport_for(config, name)
@@ -67,7 +73,7 @@ async def check(config_path: str, *, connect: bool) -> int:
             print(f"{name}: warning: {warning}")
     if config.delays is not None and not await _check_delays(config, config.delays.connection):
         failures += 1
-    if not failures and tables:
+    if not failures and "NGinn event table" in tables.values():
         from bridge.service.subscriptions import doubled
 
         for warning in await doubled(config):  # a proxy's row next to an event table's
@@ -89,16 +95,15 @@ def delayed_destinations(config: BridgeConfig) -> dict[str, list[str]]:
     return by_connection(ends)
 
 
-def _made_like_proxies(missing: list[str], event_tables: set[str]) -> str:
-    """`is a proxy`, `are event tables`, ...: what the missing tables are."""
-    tables = [name for name in missing if name in event_tables]
+def _made_like_proxies(missing: list[str], made: dict[str, str]) -> str:
+    """`is a proxy`, `are event tables`, ...: what the missing tables or queues are (`made`:
+    the event tables' and queues' kinds; any other is a proxy)."""
+    kinds = list(dict.fromkeys(made.get(name, "proxy") for name in missing))
     if len(missing) == 1:
-        return "is an NGinn event table" if tables else "is a proxy"
-    if not tables:
-        return "are proxies"
-    return (
-        "are NGinn event tables" if len(tables) == len(missing) else "are proxies and event tables"
-    )
+        return f"is an {kinds[0]}" if kinds[0] != "proxy" else "is a proxy"
+    plural = {"proxy": "proxies", "NGinn event table": "NGinn event tables"}
+    plural["event queue"] = "event queues"
+    return "are " + " and ".join(plural[k] for k in kinds)
 
 
 async def _check_delays(config: BridgeConfig, name: str) -> bool:

@@ -1,5 +1,8 @@
 """The names of NGinn event tables: one table per subscription the bridge makes on an NGinn
-publisher's behalf, into which only NGinn's Notify writes (`bridge.config.pubsub`).
+publisher's behalf, into which only NGinn's Notify writes (`bridge.config.pubsub`); and of
+event queues, named the same way: one queue per (Kafka connection, event) on a connection of
+SQL queue tables or RabbitMQ where the event is published, subscribed for every Kafka
+subscriber of the event there (`room` is then the transport's limit on a queue's name).
 
 NGinn sends an event as it sends a command: the row says nothing of being published
 (Impl/MessageBus.cs:347-371 vs 374-398 of lafar6502/nginn-messagebus @1fa4baf). So the bridge

@@ -140,18 +140,18 @@ def subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> No
         i = [x.event for x in config.endpoints[s.endpoint].subscribes].index(s.event)
         where = at.at(("endpoints", s.endpoint, "subscribes", i))
         kinds = {config.connections[c].type for c in (s.connection, registry.home(s.endpoint))}
-        nginn = pubsub.nginn(s.connection) is not None  # event tables, no proxy, carry it
-        if (
-            s.kind in ("proxy", "kafka")
-            and not nginn
-            and not registry.has_place(s.queue, s.connection)
-        ):
+        # event tables (NGinn) or queues (Kafka subscribers), not proxies, carry it
+        nginn = pubsub.nginn(s.connection) is not None
+        if s.kind == "proxy" and not nginn and not registry.has_place(s.queue, s.connection):
             raise ConfigError(
                 f"endpoint {s.endpoint!r} subscribes to {s.event!r}, published on "
                 f"{s.connection!r}, where it has no proxy (`proxies: connections` leaves "
                 f"{s.connection!r} out)",
                 where,
             )
+        if s.kind == "kafka" and not nginn and s.table is not None:
+            kind = config.connections[s.connection].type
+            address_name(kind, s.table, f"event queue of {s.event!r} on {s.connection!r}", where)
         _nginn_subscription(s, pubsub, where)
         _nginn_typed(
             config, registry, s, at.at(("endpoints", s.endpoint, "subscribes", i, "event"))
@@ -207,7 +207,7 @@ def subscriptions(config: BridgeConfig, registry: Registry, at: Positions) -> No
 
 def _publishing_loops(config: BridgeConfig, registry: Registry, at: Positions) -> None:
     """A written route with `publish: true` must not read a topic to which the bridge sends an
-    event published on the route's destination (by a Kafka carrier's route or an NGinn event
+    event published on the route's destination (by an event queue's route or an NGinn event
     table's): each event would be published there again, reach the Kafka subscribers'
     subscription again and come back to the topic, for ever. On NGinn tables only when the
     route publishes as the event's publisher (its `to.queue`), whose subscribers they are."""

@@ -158,10 +158,11 @@ class EventRoute(DerivedRoute):
 
 class EventTableRoute(DerivedRoute):
     """A route the registry derives for an event an NGinn endpoint publishes to a subscriber
-    on another transport: it reads the subscription's event table (`config/event_tables.py`),
-    where only NGinn's Notify writes, and sends each row, as `event` published, to the
+    on another transport, or one published on SQL queue tables or RabbitMQ to Kafka
+    subscribers: it reads the subscription's event table or queue (`config/event_tables.py`),
+    where only the publisher writes, and sends each message, as `event` published, to the
     subscriber's queue (`endpoint`'s), or for Kafka subscribers once to the event's topic
-    (`endpoint` is then their carrier)."""
+    (`endpoint` is then the first of them by name)."""
 
     event: str = Field(description="The event type subscribed to (its .NET full name).")
 

@@ -10,10 +10,12 @@ For a subscriber S (living on connection H) of event E whose publisher lives on 
   What is published reaches the proxy, whose route forwards it like any message.
 - C holds SQL queue tables or RabbitMQ and H is Kafka (`kafka`): an event goes to Kafka once, to
   the topic of its type, never once per subscriber. So every Kafka subscriber of E on H is
-  subscribed with one address, the proxy on C of the first of them in the file (the *carrier*):
-  on SQL one row per subscriber, all with the carrier's QueueAddress, which a publisher's
-  `SELECT DISTINCT QueueAddress` reads as one; on RabbitMQ the carrier's one binding. The
-  carrier's route sends each published event to the topics of the events it carries.
+  subscribed with one address, an *event queue* of (H, E) on C (`event_tables.py`, named from
+  H and E alone, so the file's order names nothing): on SQL one SubscriptionRouting row per
+  subscriber, all with the event queue's QueueAddress, which a publisher's `SELECT DISTINCT
+  QueueAddress` reads as one; on RabbitMQ E's exchange bound once to the event queue's. One
+  route per event queue (`events.<C>.<queue>`, `EventTableRoute`) reads it and sends each
+  event once to E's topic on H. A Kafka endpoint's proxy on C carries only what is sent to it.
 - C is Kafka and H is not (`home`): the publisher produces E to E's topic. One route per
   (E, H), `publish.<H>.<topic>`, reads the topic in its own consumer group and publishes each
   event on H as an NServiceBus publisher does; S is subscribed on H as it would subscribe itself
@@ -27,12 +29,14 @@ as its Send does, so only a table no one sends to says that a row is an event, a
 subscription. One route per event table (`events.<connection>.<table>`, `EventTableRoute`)
 reads it and sends each row, marked published as the subscribed event, to the subscriber's
 queue (`proxy`), or once to the event's topic (`kafka`: one table per Kafka connection and
-event, not per carrier, so that adding a Kafka subscriber above another renames nothing); the
-proxy's own route then carries only what is sent to the endpoint.
+event, like the event queues above); the proxy's own route then carries only what is sent to
+the endpoint. (`queue` of a Kafka subscriber of an NGinn publisher is the proxy on C of the
+first Kafka subscriber of E on H in the file: the row a bridge from before event tables wrote
+names it, and unsubscribing removes that row too.)
 
-The carrier of `kafka` on SQL and RabbitMQ is still the first Kafka subscriber in the file: a
-proxy, which must exist for its route to carry the event. Moving it leaves, on RabbitMQ, the
-old carrier's binding (README, "Subscriber on Kafka").
+An event table or queue must exist before it is subscribed (`bridge install` creates them as
+it creates proxies, with `proxies: {create: true}`): a row or binding naming a missing one
+would make the publisher fail (NGinn) or lose the events (SQL, RabbitMQ).
 
 Driver-free, like the registry.
 """
@@ -49,7 +53,13 @@ from bridge.config.event_tables import Wanted, event_table_route, event_tables
 from bridge.config.kinds import RULES
 from bridge.config.models import DerivedRoute, EventRoute, EventTableRoute
 from bridge.nservicebus.events import kafka_topic
-from bridge.transports.sql.config import NGINN_ENDPOINT_CHARS, NGinnOptions
+from bridge.transports.rabbitmq.config import RABBITMQ_MAX_NAME_BYTES
+from bridge.transports.sql.config import (
+    MAX_TABLE_NAME_BYTES,
+    NGINN_ENDPOINT_CHARS,
+    SQLSERVER_MAX_NAME,
+    NGinnOptions,
+)
 
 if TYPE_CHECKING:
     from bridge.config.registry import Registry
@@ -81,7 +91,8 @@ class Subscribed:
     queue: str
     address: str
     #: For an NGinn publisher (`proxy` and `kafka` on NGinn tables): the subscription's event
-    #: table on `connection` (None when none fits: `bridge check` refuses that).
+    #: table on `connection`; for `kafka` on SQL queue tables or RabbitMQ: its event queue
+    #: there (also `queue`). None when none fits: `bridge check` refuses that.
     table: str | None = None
 
     @property
@@ -118,6 +129,9 @@ class PubSub:
 
     def _resolved(self) -> Iterator[Subscribed]:
         registry = self.registry
+        # For an NGinn publisher only (`_proxy_endpoint` in service/subscriptions.py): the
+        # proxy of the first Kafka subscriber, which a bridge from before event tables
+        # subscribed; elsewhere `_with_event_tables` gives each its event queue.
         carriers: dict[tuple[str, str], str] = {}
         for name, endpoint in registry.endpoints.items():
             home = endpoint.connection
@@ -151,18 +165,19 @@ class PubSub:
     def _with_event_tables(self, made: list[Subscribed]) -> list[Subscribed]:
         """`made`, each subscription to an NGinn publisher given its event table: one per
         connection, subscriber queue and event; the Kafka subscribers of an event on one Kafka
-        connection share one, owned by that connection (not the carrier, which moves with the
-        file's order). Named on each connection all at once (`event_tables`), so that the
-        order of the file names nothing."""
+        connection share one, owned by that connection (not the first of them, which moves with
+        the file's order); so do those of an event published on SQL queue tables or RabbitMQ,
+        whose one event queue is named the same way. Named on each connection all at once
+        (`event_tables`), so that the order of the file names nothing."""
         wanted: dict[Subscribed, Wanted] = {}
         for s in made:
-            if s.kind in ("proxy", "kafka") and self.nginn(s.connection) is not None:
+            nginn = self.nginn(s.connection) is not None
+            if (s.kind in ("proxy", "kafka") and nginn) or s.kind == "kafka":
                 wanted[s] = self._owner(s)
         named: dict[tuple[str, Wanted], str | None] = {}
         for connection in dict.fromkeys(s.connection for s in wanted):
             here = {w for s, w in wanted.items() if s.connection == connection}
-            room = NGINN_ENDPOINT_CHARS - len(self._endpoint(connection, ""))
-            found = event_tables(here, room, self._taken(connection))
+            found = event_tables(here, self._room(connection), self._taken(connection))
             named.update({(connection, w): table for w, table in found.items()})
         out = []
         for s in made:
@@ -171,8 +186,23 @@ class PubSub:
                 continue
             table = named[s.connection, wanted[s]]
             address = s.address if table is None else self._endpoint(s.connection, table)
-            out.append(dataclasses.replace(s, table=table, address=address))
+            queue = s.queue if table is None or self.nginn(s.connection) else table
+            out.append(dataclasses.replace(s, table=table, address=address, queue=queue))
         return out
+
+    def _room(self, connection: str) -> int:
+        """The longest event table or queue name `connection` takes: what NGinn's
+        `to_endpoint` leaves after `sql://<alias>/`, else the transport's limit on a queue's
+        name (`names.address_name`: PostgreSQL's table, SQL Server's identifier, AMQP's
+        shortstr; all ASCII, as `event_tables` names with `[A-Za-z0-9_]` only)."""
+        kind = self._type(connection)
+        if self.nginn(connection) is not None:
+            return NGINN_ENDPOINT_CHARS - len(self._endpoint(connection, ""))
+        if kind == "postgresql":
+            return MAX_TABLE_NAME_BYTES
+        if kind == "rabbitmq":
+            return RABBITMQ_MAX_NAME_BYTES
+        return SQLSERVER_MAX_NAME  # SQL Server's; SQLite takes any
 
     def _owner(self, s: Subscribed) -> Wanted:
         """Whose event table `s` reads, as (owner, seed, event): the subscriber's queue, or
@@ -194,6 +224,9 @@ class PubSub:
         options = self.nginn(connection)
         if options is not None:
             names.add(options.subscriptions)
+        table = getattr(config.connections[connection], "subscription_table", None)
+        if isinstance(table, str) and self._type(connection) != "rabbitmq":
+            names.add(table)  # SubscriptionRouting
         if config.proxies.error_queue:
             names.add(config.proxies.error_queue)
         for route in config.routes:
@@ -222,20 +255,6 @@ class PubSub:
         made = [s for s in self.subscriptions() if s.native]
         return sorted(made, key=lambda s: s.connection)
 
-    def carried(self, connection: str, endpoint: str) -> list[str]:
-        """The events `endpoint`'s proxy on `connection` carries to Kafka topics (none on NGinn
-        tables: there an event table's route carries them)."""
-        return list(
-            dict.fromkeys(
-                s.event
-                for s in self.subscriptions()
-                if s.kind == "kafka"
-                and s.connection == connection
-                and s.queue == endpoint
-                and self.nginn(connection) is None
-            )
-        )
-
     def event_topics(self) -> dict[str, list[str]]:
         """Kafka connection -> the event topics the bridge produces to."""
         out: dict[str, list[str]] = {}
@@ -249,39 +268,51 @@ class PubSub:
 
     def routes(self) -> list[DerivedRoute]:
         """One route per (event published on Kafka, connection of a subscriber); then one per
-        NGinn event table."""
+        event table or queue."""
         return [*self._published_routes(), *self._event_table_routes()]
 
     def _event_table_routes(self) -> list[EventTableRoute]:
         registry = self.registry
         proxies = registry.config.proxies
-        out: dict[str, EventTableRoute] = {}
+        readers: dict[str, list[Subscribed]] = {}
         for s in self.subscriptions():
-            if s.table is None:
-                continue
-            name = event_table_route(s.connection, s.table)
-            if name in out:
-                continue
+            if s.table is not None:
+                readers.setdefault(event_table_route(s.connection, s.table), []).append(s)
+        out = []
+        for name, sharing in readers.items():
+            s = sharing[0]
+            assert s.table is not None
             home = registry.home(s.endpoint)
             if s.kind == "kafka":
+                # The Kafka subscribers' one route: named for the first of them by name, not
+                # in the file, and sized as proxies are, so that the file's order changes
+                # nothing.
+                endpoint = min(x.endpoint for x in sharing)
                 to = {"connection": home, "topic": self.topic(s.event)}
+                batch_size, concurrency = proxies.batch_size, proxies.concurrency
             else:
+                endpoint = s.queue
                 key = RULES[self._type(home)].ADDRESS_KEY
                 to = {"connection": home, key: registry.queue(s.endpoint, home)}
-            endpoint = registry.endpoints[s.queue]
-            out[name] = EventTableRoute.model_validate(
-                {
-                    "name": name,
-                    "endpoint": s.queue,
-                    "event": s.event,
-                    "from": {"connection": s.connection, "queue": s.table},
-                    "to": to,
-                    "batch_size": endpoint.batch_size or proxies.batch_size,
-                    "concurrency": endpoint.concurrency or proxies.concurrency,
-                    "error_queue": proxies.error_queue,
-                }
+                own = registry.endpoints[s.queue]
+                batch_size = own.batch_size or proxies.batch_size
+                concurrency = own.concurrency or proxies.concurrency
+            source = RULES[self._type(s.connection)].ADDRESS_KEY
+            out.append(
+                EventTableRoute.model_validate(
+                    {
+                        "name": name,
+                        "endpoint": endpoint,
+                        "event": s.event,
+                        "from": {"connection": s.connection, source: s.table},
+                        "to": to,
+                        "batch_size": batch_size,
+                        "concurrency": concurrency,
+                        "error_queue": proxies.error_queue,
+                    }
+                )
             )
-        return list(out.values())
+        return out
 
     def _published_routes(self) -> list[EventRoute]:
         registry = self.registry

@@ -7,17 +7,20 @@ subscriptions.py`, the table created first when missing), on NGinn tables NGinn'
 insert of a row of its subscription table (`transports/sql/nginn_subscriptions.py`), the event's
 exchange declared and bound to the queue's on RabbitMQ (`transports/rabbitmq/events.py`).
 A subscription to an NGinn publisher is made only once its event table exists (NGinn's Notify
-would fail on a row naming a missing table): `EventTablesMissing` names the others, `bridge
-install` exits 1 with it, and `bridge run` logs each as not ready and tries again.
+would fail on a row naming a missing table), and a Kafka subscriber's only once its event queue
+exists (a row or binding naming a missing queue loses the events: NServiceBus's SQL publisher
+fails on the missing table, RabbitMQ's exchange-to-exchange binding cannot be made):
+`EventTablesMissing` names the others, `bridge install` exits 1 with it, and `bridge run` logs
+each as not ready and tries again.
 `change` subscribes or unsubscribes one endpoint by hand (`bridge subscribe` / `bridge
 unsubscribe`; the binding on RabbitMQ, or the NGinn row, that every Kafka subscriber of the
 event shares stays while another uses it); the bridge never unsubscribes on its own. `state`
 reads what each side holds, for `bridge endpoints --connect`.
 
-Sinks that publish (`publisher`: `SqlPublisher`, `NGinnPublisher`, `RabbitMQPublisher`) and the
-sink of a proxy's route (`event_sink`: a Kafka carrier's `EventTopics`) are made here too, so
-the supervisor asks one place how a derived route's events go. (An NGinn publisher's events
-reach no proxy: each subscription has an event table and a route of its own, `pubsub.py`.)
+Sinks that publish (`publisher`: `SqlPublisher`, `NGinnPublisher`, `RabbitMQPublisher`) are
+made here too, so the supervisor asks one place how a derived route's events go. (Events for
+Kafka subscribers, and an NGinn publisher's, reach no proxy: each has an event queue or table
+and a route of its own, `pubsub.py`.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Callable
 
 from bridge.config.models import BridgeConfig
 from bridge.config.pubsub import Subscribed, event_table_route
-from bridge.errors import BridgeError, TransportError, UsageError
+from bridge.errors import BridgeError, TransportError, TransportUnavailable, UsageError
 from bridge.protocols import Sink, Transport
 
 __all__ = [
@@ -35,7 +38,6 @@ __all__ = [
     "change",
     "describe",
     "doubled",
-    "event_sink",
     "not_ready",
     "publisher",
     "state",
@@ -71,17 +73,22 @@ async def _apply(
         if transport.config.layout == "nginn":
             return await _apply_nginn(config, transport, made, subscribe=subscribe)
         table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
+        waiting: list[Subscribed] = []
         try:
             if subscribe:
                 await table.create()
+                waiting = await _missing_queues(transport, made)
             for s in made:
+                if s in waiting:
+                    continue
                 if subscribe:
                     await table.subscribe(s.endpoint, s.address, s.event)
                 else:
                     await table.unsubscribe(s.endpoint, s.event)
         finally:
             await table.close()
-    elif kind == "rabbitmq":
+        return waiting
+    if kind == "rabbitmq":
         from bridge.transports.rabbitmq import events
         from bridge.transports.rabbitmq.admin import run_declaration
         from bridge.transports.rabbitmq.config import describe as where
@@ -91,9 +98,12 @@ async def _apply(
 
         assert isinstance(transport, RabbitTransport)
         name = transport.name
+        waiting = await _missing_queues(transport, made) if subscribe else []
         admin = link(transport.config, name, "admin", where(name))
         try:
             for s in made:
+                if s in waiting:
+                    continue
                 change = events.subscribe if subscribe else events.unsubscribe
                 try:
                     for declaration in change(s.event, s.queue):
@@ -108,7 +118,22 @@ async def _apply(
                     ) from exc
         finally:
             await admin.close()
+        return waiting
     return []
+
+
+async def _missing_queues(transport: Transport, made: list[Subscribed]) -> list[Subscribed]:
+    """The subscriptions of `made` whose event queue (`Subscribed.table`) does not exist."""
+    queues = list(dict.fromkeys(s.table for s in made if s.table is not None))
+    missing = set()
+    for queue in queues:
+        try:
+            await transport.check([queue])
+        except TransportUnavailable:
+            raise
+        except BridgeError:
+            missing.add(queue)
+    return [s for s in made if s.table in missing]
 
 
 def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
@@ -126,7 +151,8 @@ async def _apply_nginn(
     transaction (Impl/MessageBus.cs:347-371 of lafar6502/nginn-messagebus @1fa4baf), so a row
     naming a missing table would make every publish of the event fail. Removing a
     subscription to an NGinn publisher removes the row whose subscriber is the proxy (or
-    carrier) too, as subscriptions were made before they had event tables."""
+    first Kafka subscriber's proxy) too, as subscriptions were made before they had event
+    tables."""
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 
@@ -157,31 +183,36 @@ async def _apply_nginn(
 
 
 class EventTablesMissing(TransportError):
-    """Subscriptions to an NGinn publisher not made because their event tables do not exist
-    (`waiting`); the others were made (`done`, as lines to print). Not retriable by itself, but
-    `bridge run` tries again now and then, and subscribes each once its table is there."""
+    """Subscriptions not made because their event tables (NGinn publishers) or event queues
+    (Kafka subscribers) do not exist (`waiting`); the others were made (`done`, as lines to
+    print). Not retriable by itself, but `bridge run` tries again now and then, and subscribes
+    each once its table or queue is there."""
 
     def __init__(self, waiting: list[Subscribed], done: list[str]) -> None:
         self.waiting = waiting
         self.done = done
         listed = "; ".join(
-            f"{s.endpoint} to {s.event} at {s.address} (table {s.table!r} on {s.connection!r}, "
-            f"read by route {event_table_route(s.connection, s.table or '')})"
+            f"{s.endpoint} to {s.event} at {s.address} ({_what(s)} {s.table!r} on "
+            f"{s.connection!r}, read by route {event_table_route(s.connection, s.table or '')})"
             for s in waiting
         )
         super().__init__(
-            f"not subscribed, as their NGinn event tables do not exist: {listed}. A "
-            "subscription row naming a missing table would make the NGinn publisher's Notify, "
-            "and with it the publisher's transaction, fail; `bridge install` with `proxies: "
-            "{create: true}` creates the tables (or create them as the endpoints' installers "
-            "create their queue tables), and the bridge subscribes each once it exists"
+            f"not subscribed, as their event tables or queues do not exist: {listed}. A "
+            "subscription naming a missing one would make the NGinn publisher's Notify, and "
+            "with it the publisher's transaction, fail, or lose the events; `bridge install` "
+            "with `proxies: {create: true}` creates them (or create them as the endpoints' "
+            "installers create their queues), and the bridge subscribes each once it exists"
         )
+
+
+def _what(s: Subscribed) -> str:
+    return "event table" if s.queue != s.table else "event queue"
 
 
 def not_ready(error: EventTablesMissing) -> list[str]:
     """One line per subscription `error` left unmade, as the logs say it."""
     return [
-        f"{s.connection}: not subscribed {s.endpoint} to {s.event}: event table {s.table!r} "
+        f"{s.connection}: not subscribed {s.endpoint} to {s.event}: {_what(s)} {s.table!r} "
         f"does not exist; route {event_table_route(s.connection, s.table or '')} is not ready"
         for s in error.waiting
     ]
@@ -246,12 +277,12 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
     ]
     shared = config.registry.pubsub.nginn_row(s) is not None or kind == "rabbitmq"
     if not subscribe and shared and sharing:
-        # One binding (or NGinn row, whose subscriber is the event table or carrier) carries
+        # One binding (or NGinn row, whose subscriber is the event table or queue) carries
         # the event to Kafka for every Kafka subscriber: it stays while another uses it.
         topic = config.registry.pubsub.topic(event)
         what = "binding" if kind == "rabbitmq" else "NGinn subscription"
         removed = await _remove_proxy_row(config, s)
-        to = s.address if s.table else repr(s.queue)  # the event table's endpoint, or a proxy
+        to = s.address if s.queue != s.table else repr(s.queue)  # NGinn endpoint, or a queue
         return (
             f"{s.connection}: kept the {what} of {event} to {to}: "
             f"{', '.join(sharing)} also receive(s) it through it (an event goes to Kafka once, "
@@ -269,8 +300,9 @@ async def change(config: BridgeConfig, endpoint: str, event: str, *, subscribe: 
 
 
 async def _remove_proxy_row(config: BridgeConfig, s: Subscribed) -> str:
-    """Remove the NGinn row whose subscriber is `s`'s proxy (carrier), which delivers every
-    event a second time next to the event table's; what was done, to append to a message."""
+    """Remove the NGinn row whose subscriber is `s`'s proxy (`Subscribed.queue`), which
+    delivers every event a second time next to the event table's; what was done, to append
+    to a message."""
     from bridge.transports import load
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
@@ -382,10 +414,11 @@ async def _nginn_state(
 
 
 def _proxy_endpoint(config: BridgeConfig, s: Subscribed) -> str | None:
-    """For a subscription to an NGinn publisher, the endpoint of the proxy (or Kafka carrier)
-    that a bridge subscribed before subscriptions had event tables: a row naming it next to
-    the event table's delivers each event twice, once as a message through the proxy."""
-    if s.table is None:
+    """For a subscription to an NGinn publisher, the endpoint of the proxy (for Kafka
+    subscribers, the first one's in the file) that a bridge subscribed before subscriptions had
+    event tables: a row naming it next to the event table's delivers each event twice, once as
+    a message through the proxy."""
+    if s.table is None or config.registry.pubsub.nginn(s.connection) is None:
         return None
     return config.registry.address(s.queue, s.connection)
 
@@ -393,7 +426,8 @@ def _proxy_endpoint(config: BridgeConfig, s: Subscribed) -> str | None:
 async def doubled(config: BridgeConfig) -> list[str]:
     """`bridge check --connect`'s warnings: each subscription to an NGinn publisher whose
     events arrive twice, as NGinn's subscription table holds a row for its proxy too."""
-    made = [s for s in config.registry.pubsub.native() if s.table is not None]
+    pubsub = config.registry.pubsub
+    made = [s for s in pubsub.native() if s.table is not None and pubsub.nginn(s.connection)]
     by_connection: dict[str, list[Subscribed]] = {}
     for s in made:
         by_connection.setdefault(s.connection, []).append(s)
@@ -487,18 +521,3 @@ def publisher(
         assert isinstance(transport, RabbitTransport)
         return RabbitMQPublisher(transport.config, connection, event)
     raise UsageError(f"connection {connection!r} ({kind}) cannot publish events")
-
-
-def event_sink(
-    config: BridgeConfig, transport: Transport, connection: str, endpoint: str, own: Sink
-) -> Sink:
-    """The sink of `endpoint`'s proxy route from `connection`: `own`, or, for a Kafka carrier,
-    one that sends published events to their topics (`routing/events.py`)."""
-    pubsub = config.registry.pubsub
-    carried = pubsub.carried(connection, endpoint)
-    if not carried:
-        return own
-    from bridge.routing.events import EventTopics
-
-    topics = {event: pubsub.topic(event) for event in carried}
-    return EventTopics(own, topics, lambda topic: transport.sink(topic))

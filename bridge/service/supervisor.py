@@ -14,9 +14,9 @@ cannot delay are sent when due (`bridge.service.delaying`); both run until the r
 
 At start, the registry's native subscriptions are made again (`subscriptions.py`), retried in
 the background until they are, while the routes run. A route of an event published on Kafka
-publishes through its destination's publisher, a Kafka carrier's proxy route sends events to
-their topics, and an NGinn event table's route marks what it reads published
-(`bridge.config.pubsub`, `bridge.routing.rules`).
+publishes through its destination's publisher, and the route of an event table (NGinn) or
+event queue (Kafka subscribers) marks what it reads published (`bridge.config.pubsub`,
+`bridge.routing.rules`).
 
 Each route's readiness probe is its transports' `check` of its source and destination. Every
 `depth_every` seconds the source depth gauge is refreshed: `peek` for a queue, the consumer
@@ -32,7 +32,7 @@ import signal
 import time
 from collections.abc import Sequence
 
-from bridge.config.models import BridgeConfig, DerivedRoute, EventRoute, EventTableRoute, Route
+from bridge.config.models import BridgeConfig, EventRoute, Route
 from bridge.protocols import (
     CheckpointStore,
     GroupLag,
@@ -49,7 +49,6 @@ from bridge.service.http import HealthServer, RunnerStatus
 from bridge.service.movers import movers
 from bridge.service.subscriptions import (
     EventTablesMissing,
-    event_sink,
     not_ready,
     publisher,
     subscribe_all,
@@ -143,12 +142,6 @@ class Supervisor:
                     return source, source.sink_in_transaction(route.to.address)
                 return source, source_transport.sink(route.to.address, key=route.key)
             sink = sink_transport.sink(route.to.address, key=route.key)
-            # A Kafka carrier's events go to their topics (not an NGinn event table's route's:
-            # it sends to one topic).
-            if isinstance(route, DerivedRoute) and not isinstance(route, EventTableRoute):
-                sink = event_sink(
-                    config, sink_transport, route.from_.connection, route.endpoint, sink
-                )
             # A sink that stores source positions with its rows makes the route exactly-once.
             store = sink if isinstance(sink, CheckpointStore) else None
             return source_transport.source(

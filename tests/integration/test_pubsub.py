@@ -14,7 +14,8 @@ The publishers are played as NServiceBus's publish:
 - on Kafka, this project's convention: once to the topic of the event's type (spec §2).
 
 What the bridge writes is compared with what NServiceBus itself would write: a SubscriptionRouting
-row (Endpoint = the subscriber, QueueAddress = its proxy's address, Topic = the subscribed type's
+row (Endpoint = the subscriber, QueueAddress = its proxy's address, or for Kafka subscribers
+their event queue's, Topic = the subscribed type's
 full name: SubscriptionManager.cs:9-11 and SubscriptionTable.cs:27-40 there, and the Messaging
 Bridge's proxies named like their endpoints: EndpointProxyFactory.cs:22-23 of
 Particular/NServiceBus.MessagingBridge@ef463cf); on RabbitMQ the event's exchange bound to the
@@ -30,6 +31,7 @@ import json
 import sqlite3
 import textwrap
 import time
+import urllib.error
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -88,7 +90,10 @@ class Site:
         ns = unique("T")
         self.placed = f"{ns}.Sales.OrderPlaced"
         self.express = f"{ns}.Sales.ExpressOrderPlaced"  # derives from OrderPlaced
-        self.shipped = f"{ns}.Warehouse.Shipped"
+        # A short name of its own: the Kafka subscribers' event queue on the shared broker is
+        # named from it (`kafka_<ShortName>`).
+        shipped = f"Shipped{uuid.uuid4().hex[:8]}"
+        self.shipped = f"{ns}.Warehouse.{shipped}"
         self.stock = f"{ns}.Inventory.StockChanged"
         self.stock_topic = unique("stock-changed")
         self.legacy_topic = unique("legacy-stock")  # read by a written route that publishes
@@ -97,7 +102,7 @@ class Site:
             for x in (
                 "Sales:OrderPlaced",
                 "Sales:ExpressOrderPlaced",
-                "Warehouse:Shipped",
+                f"Warehouse:{shipped}",
                 "Inventory:StockChanged",
             )
         ]
@@ -131,7 +136,9 @@ class Site:
                     subscribes: [{{event: {self.placed}, publisher: {self.sales}}}]
                   {self.audit}:
                     connection: kafka
-                    subscribes: [{{event: {self.placed}, publisher: {self.sales}}}]
+                    subscribes:
+                      - {{event: {self.placed}, publisher: {self.sales}}}
+                      - {{event: {self.shipped}, publisher: {self.warehouse}}}
                   {self.ledger}:
                     connection: lite
                     subscribes:
@@ -149,7 +156,14 @@ class Site:
                 """
             )
         )
-        connections = load_config(self.config).config.connections
+        config = load_config(self.config).config
+        connections = config.connections
+        #: The Kafka subscribers' event queues, by connection of the publisher.
+        self.event_queues = {
+            s.connection: s.table
+            for s in config.registry.pubsub.subscriptions()
+            if s.kind == "kafka" and s.table is not None
+        }
         self.transports: dict[str, Transport] = {
             name: load(name, connections[name]) for name in ("pg", "rabbit", "kafka", "lite")
         }
@@ -235,10 +249,14 @@ class Site:
                 return
             await asyncio.sleep(every)
 
-    async def wait_for_rows(self, table: str, depth: int, every: float) -> None:
-        """Until the PostgreSQL table holds `depth` rows, for at most a minute."""
+    async def wait_for_rows(
+        self, table: str, depth: int, every: float, *, drained: bool = False
+    ) -> None:
+        """Until the PostgreSQL table holds `depth` rows (`drained`: at most), for at most a
+        minute."""
         for _ in range(int(60 / every)):
-            if (await self["pg"].peek(table)).depth >= depth:
+            found = (await self["pg"].peek(table)).depth
+            if (found <= depth) if drained else (found >= depth):
                 return
             await asyncio.sleep(every)
 
@@ -252,6 +270,8 @@ class Site:
         cleanup = channel.channel()
         for exchange in self.exchanges:
             cleanup.exchange_delete(exchange)
+        cleanup.queue_delete(self.event_queues["rabbit"])
+        cleanup.exchange_delete(self.event_queues["rabbit"])
         channel.close()
 
 
@@ -278,11 +298,14 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     s = site
     installed = bridge(s.config, "install").stdout
     assert f"pg: subscribed {s.shipping} to {s.placed} at {s.address(s.shipping)}" in installed
-    # The rows NServiceBus would write for each proxy; the Kafka subscribers share one address.
+    # The rows NServiceBus would write for each proxy; the Kafka subscribers share one address,
+    # their event queue's, named from the Kafka connection and the event alone.
+    pg_events, rabbit_events = s.event_queues["pg"], s.event_queues["rabbit"]
+    assert pg_events == "kafka_OrderPlaced" and rabbit_events == f"kafka_{s.shipped.split('.')[-1]}"
     expected = sorted(
         [
-            (s.analytics, s.placed, s.address(s.analytics)),
-            (s.audit, s.placed, s.address(s.analytics)),
+            (s.analytics, s.placed, s.address(pg_events)),
+            (s.audit, s.placed, s.address(pg_events)),
             # Billing subscribes to an event published on Kafka: subscribed at home, as it
             # would subscribe itself (its own address), so that the bridge's publish finds it.
             (s.billing, s.stock, s.address(s.billing)),
@@ -301,15 +324,20 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     assert "kafka: OK (" in checked and s.placed in checked and s.stock_topic in checked
     shipped_exchange = s.exchanges[2]
     # As NServiceBus subscribes the Messaging Bridge's type of the event: to System.Object too.
+    # and, for the Kafka subscriber, to its event queue's exchange (declared with the proxies).
     assert s.bindings(shipped_exchange) == sorted(
-        [("exchange", "System:Object", ""), ("exchange", s.billing, "")]
+        [
+            ("exchange", "System:Object", ""),
+            ("exchange", s.billing, ""),
+            ("exchange", rabbit_events, ""),
+        ]
     )
     shown_exchange = api("GET", f"exchanges/%2F/{quote(shipped_exchange, safe='')}")
     assert (shown_exchange["type"], shown_exchange["durable"]) == ("fanout", True)
     assert ("exchange", s.shipping, "") in s.bindings(s.exchanges[3])
 
-    # Sales publishes a derived event on PostgreSQL: Shipping, Analytics (once, for Analytics
-    # and Audit) and Ledger each get one copy in their proxy tables.
+    # Sales publishes a derived event on PostgreSQL: Shipping and Ledger each get one copy in
+    # their proxy tables, Analytics and Audit one in their event queue.
     copies = await s.publish_pg(event("express-1", s.express, s.placed), s.express, s.placed)
     assert copies == 3
     # Warehouse publishes on RabbitMQ; Inventory produces to its event's topic on Kafka.
@@ -337,12 +365,19 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     assert sorted(m.message_id for m in billing) == ["shipped-1", "stock-1"]
     ledger = await drain(s["lite"], s.ledger)
     assert sorted(m.message_id for m in ledger) == ["express-1", "legacy-1", "stock-1"]
-    # Once, not once per subscriber; and not to the carrier's own topic.
+    # Once, not once per subscriber; and not to a subscriber's own topic.
     assert (await s["kafka"].peek(s.placed)).depth == 1  # the subscribed type's derived topic
     assert (await s["kafka"].peek(s.analytics)).depth == 0
+    assert (await s["kafka"].peek(s.audit)).depth == 0
     [to_kafka] = await s.read_topic(s.placed, 1)
     assert to_kafka.message_id == "express-1"
     assert to_kafka.headers.get(ENCLOSED) == enclosed(s.express, s.placed)
+    assert to_kafka.headers.get(INTENT) == "Publish"
+    # Published on RabbitMQ: once to its topic, through the event queue's route.
+    assert (await s["kafka"].peek(s.shipped)).depth == 1
+    [shipped] = await s.read_topic(s.shipped, 1)
+    assert shipped.message_id == "shipped-1"
+    assert shipped.headers.get(ENCLOSED) == enclosed(s.shipped)
     # The bridge published StockChanged on RabbitMQ as a publisher without .NET types must.
     assert ("exchange", "System:Object", "") in s.bindings(s.exchanges[3])
 
@@ -354,11 +389,29 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
             "publisher": s.sales,
             "kind": "kafka",
             "connection": "pg",
-            "address": s.address(s.analytics),
+            "address": s.address(pg_events),
             "topic": s.placed,
+            "queue": pg_events,
+            "route": f"events.pg.{pg_events}",
             "state": "subscribed",
-        }
+        },
+        {
+            "event": s.shipped,
+            "publisher": s.warehouse,
+            "kind": "kafka",
+            "connection": "rabbit",
+            "address": rabbit_events,
+            "topic": s.shipped,
+            "queue": rabbit_events,
+            "route": f"events.rabbit.{rabbit_events}",
+            "state": "subscribed",
+        },
     ]
+    # One Kafka subscriber unsubscribed: its row goes, the other's stays at the event queue.
+    bridge(s.config, "unsubscribe", "--endpoint", s.audit, "--event", s.placed)
+    assert s.rows() == [r for r in expected if r[0] != s.audit]
+    bridge(s.config, "subscribe", "--endpoint", s.audit, "--event", s.placed)
+    assert s.rows() == expected
 
     shipping_shown = next(e for e in shown["endpoints"] if e["name"] == s.shipping)
     assert [x["state"] for x in shipping_shown["subscriptions"]] == ["subscribed", "subscribed"]
@@ -375,7 +428,9 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
     # On RabbitMQ the binding goes, twice without complaint, and comes back.
     for _ in range(2):
         bridge(s.config, "unsubscribe", "--endpoint", s.billing, "--event", s.shipped)
-        assert s.bindings(shipped_exchange) == [("exchange", "System:Object", "")]
+        assert s.bindings(shipped_exchange) == sorted(
+            [("exchange", "System:Object", ""), ("exchange", rabbit_events, "")]
+        )
     bridge(s.config, "subscribe", "--endpoint", s.billing, "--event", s.shipped)
     assert ("exchange", s.billing, "") in s.bindings(shipped_exchange)
 
@@ -385,11 +440,19 @@ async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) 
     bridge(s.config, "install")
     bound = {exchange: s.bindings(exchange) for exchange in s.exchanges[2:]}
     assert bound[s.exchanges[2]] == sorted(
-        [("exchange", "System:Object", ""), ("exchange", s.billing, "")]
+        [
+            ("exchange", "System:Object", ""),
+            ("exchange", s.billing, ""),
+            ("exchange", s.event_queues["rabbit"], ""),
+        ]
     )
     placed = {f"p-{i}-{uuid.uuid4().hex[:6]}" for i in range(1000)}
     sink = s["pg"].sink(s.shipping)  # Sales published: one copy in the Shipping proxy
     await sink.send([event(i, s.placed) for i in sorted(placed)])
+    await sink.close()
+    to_kafka = {f"k-{i}-{uuid.uuid4().hex[:6]}" for i in range(1000)}
+    sink = s["pg"].sink(s.event_queues["pg"])  # Sales published: one copy for Kafka
+    await sink.send([event(i, s.placed) for i in sorted(to_kafka)])
     await sink.close()
     stock = {f"s-{i}-{uuid.uuid4().hex[:6]}" for i in range(1000)}
     producer = s["kafka"].sink(s.stock_topic)  # Inventory published on Kafka
@@ -397,7 +460,9 @@ async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) 
     await producer.close()
     rows = s.rows()
     pg_route, kafka_route = f"proxy.pg.{s.shipping}", f"publish.pg.{s.stock_topic}"
-    with BridgeProcess(s.config, "run", "--route", pg_route, "--route", kafka_route) as process:
+    events_route = f"events.pg.{s.event_queues['pg']}"
+    routes = ("--route", pg_route, "--route", kafka_route, "--route", events_route)
+    with BridgeProcess(s.config, "run", *routes) as process:
         process.start()
         await s.wait_for_depth(s.shipping, 1, every=0.02)
         process.kill()  # kill -9 mid-stream
@@ -412,6 +477,7 @@ async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) 
         assert 0 < published < len(stock), published
         process.start()
         await s.wait_for_rows(s.billing, len(stock), every=0.2)
+        await s.wait_for_rows(s.event_queues["pg"], 0, every=0.2, drained=True)
         assert process.stop() == 0
     assert s.rows() == rows  # the restart subscribed again: the same rows, none doubled
     # and the same bindings; publishing StockChanged from Kafka chained it to System:Object.
@@ -423,3 +489,92 @@ async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) 
     report("pub/sub pg->rabbit, kill -9", placed, delivered, bound=50)
     published = [m.message_id or "" for m in await drain(s["pg"], s.billing)]
     report("pub/sub kafka->pg published, kill -9", stock, published, bound=50)
+    # Through the event queue, killed with the others: each event on its topic, none lost.
+    # (The kills are timed by the other routes: this one may be cut mid-batch or not.)
+    on_topic = await s.read_topic(s.placed, (await s["kafka"].peek(s.placed)).depth)
+    assert all(m.headers.get(INTENT) == "Publish" for m in on_topic)
+    produced = [m.message_id or "" for m in on_topic]
+    report("pub/sub pg->kafka event queue, kill -9", to_kafka, produced, bound=100)
+
+
+async def test_no_subscription_names_a_missing_event_queue(
+    tmp_path: Path,
+    pg_dsn: str,
+    pg_schema: str,
+    rabbitmq_url: str,
+    kafka_bootstrap: str,
+    rabbitmq_queues: Callable[..., str],
+) -> None:
+    """Without `proxies: {create: true}` the event queues must exist: `bridge check --connect`
+    names the missing ones, and `bridge install` makes no row or binding naming them (the
+    publisher would lose the events: NServiceBus's SQL publisher fails on the missing table,
+    RabbitMQ cannot bind to a missing exchange) and exits 1; once they exist, it subscribes."""
+    sales, warehouse = rabbitmq_queues("Sales"), rabbitmq_queues("Warehouse")
+    stats, poison = rabbitmq_queues("Stats"), rabbitmq_queues("poison")
+    ns = unique("T")
+    placed, shipped = f"{ns}.Sales.OrderPlaced", f"{ns}.W.Shipped{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "routes.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            connections:
+              pg: {{type: postgresql, dsn: "{pg_dsn}", schema: "{pg_schema}"}}
+              rabbit: {{type: rabbitmq, url: "{rabbitmq_url}", queue_type: quorum}}
+              kafka: {{type: kafka, bootstrap_servers: "{kafka_bootstrap}"}}
+            endpoints:
+              {sales}: {{connection: pg}}
+              {warehouse}: {{connection: rabbit}}
+              {stats}:
+                connection: kafka
+                subscribes:
+                  - {{event: {placed}, publisher: {sales}}}
+                  - {{event: {shipped}, publisher: {warehouse}}}
+            proxies: {{connections: [kafka], group: {unique("g")}, error_queue: {poison}}}
+            """
+        )
+    )
+    loaded = load_config(config).config
+    queues = {s.connection: s.table for s in loaded.registry.pubsub.subscriptions() if s.table}
+    pg = load("pg", loaded.connections["pg"])
+    rabbit = load("rabbit", loaded.connections["rabbit"])
+    kafka = load("kafka", loaded.connections["kafka"])
+    try:
+        await pg.install([sales, poison])
+        await rabbit.install([warehouse, poison])
+        await kafka.install([stats])
+        checked = bridge(config, "check", "--connect", check=False)
+        assert checked.returncode == 1
+        assert f"{queues['pg']} is an event queue" in checked.stdout, checked.stdout
+        assert f"{queues['rabbit']} is an event queue" in checked.stdout, checked.stdout
+        installed = bridge(config, "install", check=False)
+        assert installed.returncode == 1, installed.stdout
+        assert "not subscribed" in installed.stderr and "event queue" in installed.stderr
+        with psycopg.connect(pg_dsn) as db:
+            rows = db.execute(f'SELECT count(*) FROM "{pg_schema}"."SubscriptionRouting"')
+            assert rows.fetchone() == (0,)
+        exchange = quote(f"{ns}.W:{shipped.rsplit('.', 1)[1]}", safe="")
+        try:
+            found = api("GET", f"exchanges/%2F/{exchange}/bindings/source")
+        except urllib.error.HTTPError as exc:  # not even declared
+            assert exc.code == 404
+            found = []
+        assert not [b for b in found if b["destination"] == queues["rabbit"]]
+        # The event queues created as the endpoints' installers would: subscribed.
+        await pg.install([queues["pg"]])
+        await rabbit.install([queues["rabbit"]])
+        installed = bridge(config, "install")
+        assert f"subscribed {stats} to {shipped} at {queues['rabbit']}" in installed.stdout
+        with psycopg.connect(pg_dsn) as db:
+            rows = db.execute(
+                f'SELECT endpoint, queueaddress FROM "{pg_schema}"."SubscriptionRouting"'
+            )
+            assert rows.fetchall() == [(stats, f'"{pg_schema}"."{queues["pg"]}"')]
+    finally:
+        for transport in (pg, rabbit, kafka):
+            await transport.close()
+        connection = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+        cleanup = connection.channel()
+        cleanup.queue_delete(queues["rabbit"])
+        for name in (queues["rabbit"], f"{ns}.W:{shipped.rsplit('.', 1)[1]}"):
+            cleanup.exchange_delete(name)
+        connection.close()

@@ -1,5 +1,5 @@
 """Events on the way through a proxy, on the in-memory transport: control messages dropped,
-published events counted by type, and a Kafka carrier's events sent once to their topics.
+published events counted by type.
 
 The Messaging Bridge's proxies drop Subscribe/Unsubscribe control messages, the intent read
 without regard to case (Particular/NServiceBus.MessagingBridge@ef463cf src/NServiceBus.
@@ -8,17 +8,11 @@ MessagingBridge/EndpointProxyFactory.cs:27-29, 72-81), and forward everything el
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from bridge.config.models import DerivedRoute, Route
 from bridge.envelope import Envelope, Headers
-from bridge.errors import MessageRejected, MessagesRejected
-from bridge.protocols import Checkpoint
-from bridge.routing.events import EventTopics
 from bridge.telemetry.metrics import Metrics
 from bridge.transports.memory import Broker, Transport
 from tests.conftest import unique
@@ -131,58 +125,3 @@ async def test_a_written_route_that_publishes_drops_control_messages_too() -> No
     await run_until(runner, lambda: runner.stats.control_dropped == 2 and len(destination) == 1)
     assert [e.message_id for e in destination] == ["id-1"]  # type: ignore[union-attr]
     assert runner.stats.published == {"Sales.OrderPlaced": 1}
-
-
-class Recording:
-    def __init__(self, name: str, refuse: int | None = None) -> None:
-        self.name, self.refuse = name, refuse
-        self.sent: list[list[str]] = []
-        self.checkpoints: list[Checkpoint | None] = []
-
-    async def send(
-        self, envelopes: Sequence[Envelope], checkpoint: Checkpoint | None = None
-    ) -> None:
-        if self.refuse is not None and len(envelopes) > self.refuse:
-            raise MessagesRejected(
-                [MessageRejected(f"{self.name} refuses", index=self.refuse)], rest_accepted=True
-            )
-        self.sent.append([e.message_id or "" for e in envelopes])
-        self.checkpoints.append(checkpoint)
-
-    async def close(self) -> None:
-        pass
-
-
-async def test_a_carrier_sends_each_event_once_to_each_topic_it_carries() -> None:
-    own = Recording("own")
-    topics: dict[str, Recording] = {}
-
-    def sink(topic: str) -> Recording:
-        return topics.setdefault(topic, Recording(topic))
-
-    carrier = EventTopics(
-        own, {"Sales.OrderPlaced": "placed", "Sales.ExpressOrderPlaced": "express"}, sink
-    )
-    await carrier.send(
-        [
-            message(0, "Send", PLACED),  # a command to the endpoint: its own topic
-            message(1, "Publish", EXPRESS, PLACED),  # both types carried: once to each
-            message(2, "Publish", PLACED),
-            message(3, "Publish", "Other.Event, Other"),  # not carried: its own topic
-        ]
-    )
-    assert own.sent == [["id-0", "id-3"]]
-    assert topics["express"].sent == [["id-1"]]
-    assert topics["placed"].sent == [["id-1", "id-2"]]
-
-
-async def test_a_carrier_names_a_refused_message_by_its_index_in_the_whole_send() -> None:
-    refusing = Recording("placed", refuse=1)
-    carrier = EventTopics(Recording("own"), {"Sales.OrderPlaced": "placed"}, lambda _: refusing)
-    with pytest.raises(MessagesRejected) as caught:
-        await carrier.send(
-            [message(0, "Send"), message(1, "Publish", PLACED), message(2, "Publish", PLACED)]
-        )
-    [rejection] = caught.value.rejections
-    assert rejection.index == 2  # the second of the topic's group is the third of the send
-    assert not caught.value.rest_accepted  # what else went out is sent again: at-least-once

@@ -168,7 +168,8 @@ def test_one_route_per_event_table_into_the_subscribers_queue_or_the_events_topi
 
 def test_publishers_elsewhere_keep_their_proxies() -> None:
     """A publisher on RabbitMQ (or NServiceBus tables): the proxy subscribes, as before, also
-    an NGinn subscriber's proxy; no event table, no route of one."""
+    an NGinn subscriber's proxy; no event table. A Kafka subscriber's is an event queue there,
+    named as NGinn's event tables are, with a route of its own to the event's topic."""
     typed = NGINN.replace("timezone: UTC}", "timezone: UTC, types: {S.Placed: 'S.Placed, S'}}")
     config = config_of(
         typed
@@ -182,9 +183,12 @@ def test_publishers_elsewhere_keep_their_proxies() -> None:
         "Books",
         None,
     )
-    assert (made["Stats"].kind, made["Stats"].table) == ("kafka", None)
-    assert config.registry.pubsub.carried("rabbit", "Stats") == ["S.Placed"]
-    assert not [r for r in config.derived_routes if isinstance(r, EventTableRoute)]
+    stats = made["Stats"]
+    assert (stats.kind, stats.queue, stats.table) == ("kafka", "kafka_Placed", "kafka_Placed")
+    [route] = [r for r in config.derived_routes if isinstance(r, EventTableRoute)]
+    assert route.name == "events.rabbit.kafka_Placed"
+    assert (route.from_.connection, route.from_.queue) == ("rabbit", "kafka_Placed")
+    assert (route.to.connection, route.to.topic, route.event) == ("kafka", "S.Placed", "S.Placed")
 
 
 def row(message_id: str, enclosed: str, **more: str) -> Envelope:
@@ -290,11 +294,12 @@ def test_check_says_a_missing_event_table_is_one() -> None:
     """`bridge check --connect` without `proxies: {create: true}`: what is missing and why."""
     from bridge.commands.setup import _made_like_proxies
 
-    tables = {"Shipping_Placed"}
+    tables = {"Shipping_Placed": "NGinn event table", "kafka_Placed": "event queue"}
     assert _made_like_proxies(["Shipping_Placed"], tables) == "is an NGinn event table"
+    assert _made_like_proxies(["kafka_Placed"], tables) == "is an event queue"
     assert _made_like_proxies(["Shipping"], tables) == "is a proxy"
     both = _made_like_proxies(["Shipping", "Shipping_Placed"], tables)
-    assert both == "are proxies and event tables"
+    assert both == "are proxies and NGinn event tables"
 
 
 def test_an_event_table_is_never_a_written_routes_table() -> None:

@@ -94,16 +94,84 @@ def test_each_subscription_is_made_where_its_publisher_lives() -> None:
 
 
 def test_kafka_subscribers_share_one_address_so_an_event_goes_to_kafka_once() -> None:
-    pubsub = config_of(PUBSUB).registry.pubsub
+    config = config_of(PUBSUB)
+    pubsub = config.registry.pubsub
     made = {(s.endpoint, s.event): s for s in pubsub.subscriptions()}
     analytics, audit = made["Analytics", EVENT], made["Audit", EVENT]
     assert analytics.kind == audit.kind == "kafka"
-    # Two rows (Endpoint differs), one QueueAddress: SELECT DISTINCT reads one subscriber.
-    assert analytics.address == audit.address == '"shop"."Analytics"'
-    assert analytics.queue == audit.queue == "Analytics"
-    assert pubsub.carried("pg", "Analytics") == [EVENT]
-    assert pubsub.carried("pg", "Audit") == []
+    # Two rows (Endpoint differs), one QueueAddress: SELECT DISTINCT reads one subscriber. The
+    # address is an event queue named from the Kafka connection and the event, no endpoint's.
+    assert analytics.address == audit.address == '"shop"."kafka_OrderPlaced"'
+    assert analytics.queue == audit.queue == analytics.table == "kafka_OrderPlaced"
     assert pubsub.event_topics() == {"kafka": ["Sales.Messages.OrderPlaced"]}
+    routes = {r.name: r for r in config.derived_routes}
+    route = routes["events.pg.kafka_OrderPlaced"]
+    assert (route.from_.connection, route.from_.address) == ("pg", "kafka_OrderPlaced")
+    assert (route.to.connection, route.to.address) == ("kafka", "Sales.Messages.OrderPlaced")
+    assert (route.endpoint, getattr(route, "event", None)) == ("Analytics", EVENT)
+    # The Kafka endpoints' proxies carry only what is sent to them.
+    assert routes["proxy.pg.Analytics"].to.address == "Analytics"
+
+
+AUDIT = f"  Audit:     {{connection: kafka, subscribes: [{{event: {EVENT}, publisher: Sales}}]}}\n"
+
+
+def _kafka_first(text: str) -> str:
+    """`text` with Audit, a Kafka subscriber, moved above Analytics."""
+    audit = (
+        f"  Audit:     {{connection: kafka, subscribes: [{{event: {EVENT}, publisher: Sales}}]}}\n"
+    )
+    assert audit in text
+    moved = text.replace(audit, "")
+    return moved.replace("  Analytics:", audit + "  Analytics:", 1)
+
+
+@pytest.mark.parametrize("publisher", ["pg", "rabbit"])
+def test_the_order_of_kafka_subscribers_changes_no_name_and_no_binding(publisher: str) -> None:
+    """Adding a Kafka subscriber above another, or reordering them, leaves every event queue,
+    address, binding and route where it was (the subscription is no endpoint's)."""
+    text = PUBSUB.replace("Sales:     {connection: pg}", f"Sales:     {{connection: {publisher}}}")
+    without = text.replace(AUDIT, "")
+    seen = []
+    for variant in (text, _kafka_first(text), without):
+        config = config_of(variant)
+        pubsub = config.registry.pubsub
+        kafka = [s for s in pubsub.subscriptions() if s.kind == "kafka"]
+        assert {s.endpoint for s in kafka} >= {"Analytics"}
+        seen.append(
+            (
+                {(s.queue, s.address, s.table) for s in kafka},
+                sorted(
+                    (r.name, r.from_.address, r.to.address, r.endpoint)
+                    for r in config.derived_routes
+                    if r.name.startswith("events.")
+                ),
+            )
+        )
+    assert seen[0] == seen[1] == seen[2], seen
+    [(queue, _, _)] = seen[0][0]
+    assert queue == "kafka_OrderPlaced"
+
+
+def test_an_event_queue_name_is_hashed_when_taken_and_fits_postgresql() -> None:
+    """A queue already named like the event queue, or an event's short name another event
+    shares, moves the event queue to a hashed name, within PostgreSQL's 55 bytes."""
+    long_kafka = "k" * 80
+    text = PUBSUB.replace("  kafka:  {", f"  {long_kafka}:  {{").replace(
+        "connection: kafka", f"connection: {long_kafka}"
+    )
+    pubsub = config_of(text).registry.pubsub
+    [queue] = {s.table for s in pubsub.subscriptions() if s.kind == "kafka"}
+    assert queue is not None and len(queue.encode()) <= 55
+    assert queue.startswith("k" * 10) and queue != f"{long_kafka}_OrderPlaced"
+    taken = PUBSUB.replace(
+        "  Local:     {connection: pg,",
+        "  kafka_OrderPlaced: {connection: pg}\n  Local:     {connection: pg,",
+    )
+    [other] = {
+        s.table for s in config_of(taken).registry.pubsub.subscriptions() if s.kind == "kafka"
+    }
+    assert other is not None and other != "kafka_OrderPlaced" and other.startswith("kafka_")
 
 
 def test_an_event_published_on_kafka_is_read_once_per_subscribing_connection() -> None:
@@ -243,8 +311,8 @@ def test_endpoints_lists_each_subscription_and_how_it_is_made() -> None:
         in shown.splitlines()
     )
     assert (
-        f'  subscribes to {EVENT} from Sales: via "shop"."Analytics" on pg, to topic {EVENT}'
-        in shown.splitlines()
+        f'  subscribes to {EVENT} from Sales: event queue "shop"."kafka_OrderPlaced" on pg, '
+        f"to topic {EVENT}, route events.pg.kafka_OrderPlaced" in shown.splitlines()
     )
     assert f"  subscribes to {EVENT} from Sales: on pg, by the endpoint itself" in shown
 
@@ -316,14 +384,15 @@ async def test_print_sql_prints_rabbitmq_subscriptions_as_management_requests(
         '-d \'{"type":"fanout","durable":true,"auto_delete":false}\' '
         f"{api}exchanges/%2F/Sales.Messages%3AOrderPlaced\n"
     ) in printed
-    # The Kafka subscribers' one binding, to the first one's proxy exchange.
+    # The Kafka subscribers' one binding, to their event queue's exchange, which is installed
+    # with the proxies.
     binding = (
         "-X POST -H 'content-type: application/json' "
         '-d \'{"routing_key":"","arguments":{}}\' '
-        f"{api}bindings/%2F/e/Sales.Messages%3AOrderPlaced/e/Analytics\n"
+        f"{api}bindings/%2F/e/Sales.Messages%3AOrderPlaced/e/kafka_OrderPlaced\n"
     )
     assert binding in printed
-    assert "/e/Audit" not in printed
+    assert "/e/Audit" not in printed and "/e/Analytics\n" not in printed
 
 
 WRITTEN = (
@@ -416,8 +485,8 @@ def test_a_kafka_subscriber_of_an_event_published_on_another_kafka_connection_is
 
 
 async def test_unsubscribing_a_kafka_subscriber_keeps_the_binding_others_share() -> None:
-    """Analytics and Audit receive OrderPlaced on Kafka through one binding, to Analytics'
-    proxy exchange: unsubscribing either by hand must not cut the other off."""
+    """Analytics and Audit receive OrderPlaced on Kafka through one binding, to their event
+    queue's exchange: unsubscribing either by hand must not cut the other off."""
     from bridge.service.subscriptions import change
 
     config = config_of(
@@ -425,7 +494,7 @@ async def test_unsubscribing_a_kafka_subscriber_keeps_the_binding_others_share()
     )
     for endpoint in ("Audit", "Analytics"):
         said = await change(config, endpoint, EVENT, subscribe=False)  # connects to nothing
-        assert said.startswith(f"rabbit: kept the binding of {EVENT} to 'Analytics': "), said
+        assert said.startswith(f"rabbit: kept the binding of {EVENT} to 'kafka_OrderPlaced': ")
         other = "Analytics" if endpoint == "Audit" else "Audit"
         assert f"{other} also receive(s) it" in said
 
