@@ -59,12 +59,10 @@ def counting(take: Callable[..., Any], calls: list[float]) -> Callable[..., Any]
     return counted
 
 
-async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
-    pg_dsn: str, pg_schema: str
-) -> None:
-    """Another producer holds the only due row (FOR UPDATE, as its send is on its way): this
-    one skips it when taking and when reading the next due time alike, so it waits `MAX_WAIT`
-    between looks instead of looking again at once (thousands of times a second)."""
+async def takes_of_a_held_row(pg_dsn: str, pg_schema: str, next_due: str | None = None) -> int:
+    """How often a producer takes in 2.5 x `MAX_WAIT` while another connection holds the only
+    due row (FOR UPDATE, as another producer does while its send is on its way); `next_due`:
+    the producer's next-due statement instead of its own."""
     config = config_with_delays(
         {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}, "127.0.0.1:1"
     )
@@ -72,6 +70,7 @@ async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
     assert isinstance(store, SqlTransport)
     stopping = asyncio.Event()
     holder = psycopg.connect(pg_dsn)
+    takes: list[float] = []
     try:
         await store.install_delay_table()
         sink = delaying_sink(config, "kafka", "t", None, Unused(), lambda name: store)
@@ -80,7 +79,8 @@ async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
         await asyncio.sleep(0.1)
         holder.execute(f'SELECT Id FROM "{pg_schema}"."BridgeDelays" FOR UPDATE').fetchall()
         producer = DelayedProducer(store, lambda connection, address, key: Unused())
-        takes: list[float] = []
+        if next_due is not None:
+            producer.table.next_due = next_due
         producer.table.take_due = counting(producer.table.take_due, takes)  # type: ignore[method-assign]
         running = asyncio.create_task(producer.run(stopping))
         await asyncio.sleep(2.5 * MAX_WAIT)
@@ -91,8 +91,18 @@ async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
         holder.rollback()
         holder.close()
         await store.close()
-    print(f"takes of a held row in {2.5 * MAX_WAIT:.1f} s: {len(takes)}")
-    assert 1 <= len(takes) <= 4, f"{len(takes)} takes: the producer polls in a loop"
+    return len(takes)
+
+
+async def test_postgresql_producer_waits_while_the_due_row_is_held_by_another(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Another producer holds the only due row: this one skips it when taking and when reading
+    the next due time alike, so it waits `MAX_WAIT` between looks instead of looking again at
+    once (thousands of times a second)."""
+    takes = await takes_of_a_held_row(pg_dsn, pg_schema)
+    print(f"takes of a held row in {2.5 * MAX_WAIT:.1f} s: {takes}")
+    assert 1 <= takes <= 4, f"{takes} takes: the producer polls in a loop"
 
 
 async def test_a_producer_that_sees_due_rows_it_cannot_take_waits_between_looks(
@@ -102,40 +112,16 @@ async def test_a_producer_that_sees_due_rows_it_cannot_take_waits_between_looks(
     sees rows under another's update locks), here PostgreSQL's without SKIP LOCKED: each look
     finds a row due and takes none, and the producer waits `MIN_WAIT`, doubled each time, up
     to `MAX_WAIT`, instead of looking again at once."""
-    config = config_with_delays(
-        {"type": "postgresql", "dsn": pg_dsn, "schema": pg_schema}, "127.0.0.1:1"
+    takes = await takes_of_a_held_row(
+        pg_dsn,
+        pg_schema,
+        f'SELECT EXTRACT(EPOCH FROM Due - now()) FROM "{pg_schema}"."BridgeDelays" '
+        "ORDER BY Due LIMIT 1",
     )
-    store = load("db", config.connections["db"])
-    assert isinstance(store, SqlTransport)
-    stopping = asyncio.Event()
-    holder = psycopg.connect(pg_dsn)
-    try:
-        await store.install_delay_table()
-        sink = delaying_sink(config, "kafka", "t", None, Unused(), lambda name: store)
-        await sink.send([message("held", time.time() + 0.05)])
-        await sink.close()
-        await asyncio.sleep(0.1)
-        holder.execute(f'SELECT Id FROM "{pg_schema}"."BridgeDelays" FOR UPDATE').fetchall()
-        producer = DelayedProducer(store, lambda connection, address, key: Unused())
-        producer.table.next_due = (
-            f'SELECT EXTRACT(EPOCH FROM Due - now()) FROM "{pg_schema}"."BridgeDelays" '
-            "ORDER BY Due LIMIT 1"
-        )
-        takes: list[float] = []
-        producer.table.take_due = counting(producer.table.take_due, takes)  # type: ignore[method-assign]
-        running = asyncio.create_task(producer.run(stopping))
-        await asyncio.sleep(2.5 * MAX_WAIT)
-        stopping.set()
-        await running
-    finally:
-        stopping.set()
-        holder.rollback()
-        holder.close()
-        await store.close()
-    print(f"takes of a held row seen due in {2.5 * MAX_WAIT:.1f} s: {len(takes)}")
+    print(f"takes of a held row seen due in {2.5 * MAX_WAIT:.1f} s: {takes}")
     # MIN_WAIT 0.05 s doubled: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.0 > 2.5 s, six waits.
     assert MIN_WAIT == 0.05
-    assert 1 <= len(takes) <= 8, f"{len(takes)} takes: the producer polls in a loop"
+    assert 1 <= takes <= 8, f"{takes} takes: the producer polls in a loop"
 
 
 async def test_an_idle_sqlite_producer_takes_no_write_lock(tmp_path: Path) -> None:
