@@ -37,7 +37,9 @@ async def check(config_path: str, *, connect: bool) -> int:
     pubsub = config.registry.pubsub
     # An NGinn event table, or a Kafka subscribers' event queue: what each is.
     tables = {
-        s.table: "NGinn event table" if pubsub.nginn(s.connection) else "event queue"
+        (s.connection, s.table): "NGinn event table"
+        if pubsub.nginn(s.connection)
+        else "event queue"
         for s in pubsub.subscriptions()
         if s.table is not None
     }
@@ -50,7 +52,7 @@ async def check(config_path: str, *, connect: bool) -> int:
         try:
             warnings = await transport.check(needed)
             if delayed.get(name) and isinstance(transport, SqlTransport):
-                await transport.check_delayed(delayed[name])
+                warnings += await transport.check_delayed(delayed[name])
             warnings += await connection_warnings(config, name, transport)
         except BridgeError as exc:
             failures += 1
@@ -59,7 +61,8 @@ async def check(config_path: str, *, connect: bool) -> int:
             if reached and proxies.get(name) and not config.proxies.create:
                 missing = [q for q in proxies[name] if not await exists(transport, q)]
                 if missing:
-                    what = _made_like_proxies(missing, tables)
+                    here = {t: kind for (c, t), kind in tables.items() if c == name}
+                    what = _made_like_proxies(missing, here)
                     print(
                         f"{name}: note: {', '.join(missing)} {what}, which `bridge install` "
                         "creates only with `proxies: {create: true}` (it needs the rights to); "
@@ -73,10 +76,10 @@ async def check(config_path: str, *, connect: bool) -> int:
             print(f"{name}: warning: {warning}")
     if config.delays is not None and not await _check_delays(config, config.delays.connection):
         failures += 1
-    if not failures and "NGinn event table" in tables.values():
+    if not failures and tables:
         from bridge.service.subscriptions import doubled
 
-        for warning in await doubled(config):  # a proxy's row next to an event table's
+        for warning in await doubled(config):  # a proxy's row or binding next to the new one
             print(warning)
     return 1 if failures else 0
 

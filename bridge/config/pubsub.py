@@ -193,8 +193,9 @@ class PubSub:
     def _room(self, connection: str) -> int:
         """The longest event table or queue name `connection` takes: what NGinn's
         `to_endpoint` leaves after `sql://<alias>/`, else the transport's limit on a queue's
-        name (`names.address_name`: PostgreSQL's table, SQL Server's identifier, AMQP's
-        shortstr; all ASCII, as `event_tables` names with `[A-Za-z0-9_]` only)."""
+        name (`names.address_name`: PostgreSQL's table, which leaves room for `.Delayed`, SQL
+        Server's identifier less its delayed table's suffix, AMQP's shortstr; all ASCII, as
+        `event_tables` names with `[A-Za-z0-9_]` only)."""
         kind = self._type(connection)
         if self.nginn(connection) is not None:
             return NGINN_ENDPOINT_CHARS - len(self._endpoint(connection, ""))
@@ -202,7 +203,10 @@ class PubSub:
             return MAX_TABLE_NAME_BYTES
         if kind == "rabbitmq":
             return RABBITMQ_MAX_NAME_BYTES
-        return SQLSERVER_MAX_NAME  # SQL Server's; SQLite takes any
+        # SQL Server's identifier (SQLite takes any), less what names its delayed table, which
+        # `bridge install` creates beside it (`<queue>.<delayed_suffix>`).
+        suffix = getattr(self.registry.config.connections[connection], "delayed_suffix", "")
+        return SQLSERVER_MAX_NAME - len(f".{suffix}")
 
     def _owner(self, s: Subscribed) -> Wanted:
         """Whose event table `s` reads, as (owner, seed, event): the subscriber's queue, or

@@ -16,7 +16,8 @@ registry, which knows every endpoint's address on every connection:
 - any other message gets `NServiceBus.Bridge.Transfer = <from>-><to>` (connection names) and its
   reply address must translate.
 
-A route of an NGinn event table (`EventTableRoute`) reads only rows NGinn's Notify wrote for one
+A route of an event table or event queue (`EventTableRoute`: an NGinn publisher's, or the Kafka
+subscribers' of an event published on SQL or RabbitMQ) reads only what was published for one
 subscription: each message becomes that event published (`mark_published`: intent `Publish`,
 the event listed in `NServiceBus.EnclosedMessageTypes` when it is not), before the runner counts
 it, so `/routes` and the metrics count it as published.

@@ -13,8 +13,9 @@ finds a row due but takes none (another producer holds it) waits `MIN_WAIT` seco
 next, twice as long each time that repeats, up to `MAX_WAIT`, as the movers do: the producer
 never polls in a loop. A destination whose send fails in a way that may pass (its Kafka
 cluster down) backs off on its own, 1 s doubled each time in a row up to `MAX_BACKOFF`: its
-rows are given back and left out of the takes meanwhile, so one destination that is down never
-holds up the delayed messages of the others.
+rows are given back and left out of the takes meanwhile, so the delayed messages of the
+others go out when due. Destinations are sent to one at a time: an attempt that fails only
+when its request times out holds the others up for that long, once per back-off.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ async def _apply(
     subscribe: bool,
 ) -> list[Subscribed]:
     """Make (or remove) `made`, subscriptions on one connection, on a connection of its own;
-    the subscriptions not made because their NGinn event table does not exist yet."""
+    the subscriptions not made because their event table or event queue does not exist yet."""
     if kind in SQL:
         from bridge.transports.sql.subscriptions import SubscriptionTable
         from bridge.transports.sql.transport import Transport as SqlTransport
@@ -424,14 +424,15 @@ def _proxy_endpoint(config: BridgeConfig, s: Subscribed) -> str | None:
 
 
 async def doubled(config: BridgeConfig) -> list[str]:
-    """`bridge check --connect`'s warnings: each subscription to an NGinn publisher whose
-    events arrive twice, as NGinn's subscription table holds a row for its proxy too."""
+    """`bridge check --connect`'s warnings: each subscription whose events arrive twice, as
+    NGinn's subscription table holds a row for its proxy too, or RabbitMQ binds the event's
+    exchange to a Kafka subscriber's proxy as well as to its event queue."""
     pubsub = config.registry.pubsub
+    out = await _bound_twice(config)
     made = [s for s in pubsub.native() if s.table is not None and pubsub.nginn(s.connection)]
     by_connection: dict[str, list[Subscribed]] = {}
     for s in made:
         by_connection.setdefault(s.connection, []).append(s)
-    out = []
     for connection, subscriptions in by_connection.items():
         found = await _sql_state(config, connection, subscriptions)
         for s in subscriptions:
@@ -444,6 +445,32 @@ async def doubled(config: BridgeConfig) -> list[str]:
                 f"had event tables; `bridge unsubscribe --endpoint {s.endpoint} --event "
                 f"{s.event}` removes both, then `bridge subscribe` with the same arguments "
                 "writes the event table's again"
+            )
+    return out
+
+
+async def _bound_twice(config: BridgeConfig) -> list[str]:
+    """The warnings of Kafka subscribers' subscriptions on RabbitMQ whose event's exchange is
+    bound to a proxy too (`_kafka_proxies`)."""
+    by_connection: dict[str, list[Subscribed]] = {}
+    for s in config.registry.pubsub.native():
+        if s.kind == "kafka" and config.connections[s.connection].type == "rabbitmq":
+            by_connection.setdefault(s.connection, []).append(s)
+    out = []
+    for connection, subscriptions in by_connection.items():
+        try:
+            found = await _rabbitmq_state(config, connection, subscriptions)
+        except BridgeError:
+            continue  # `bridge endpoints --connect` says why it cannot be read
+        for s in subscriptions:
+            if "twice" not in found[s.endpoint, s.event]:
+                continue
+            out.append(
+                f"{connection}: warning: {s.endpoint} receives each {s.event} twice: "
+                f"{found[s.endpoint, s.event]} (a proxy's binding, which a bridge made before "
+                "Kafka subscribers had event queues, sends it to that endpoint's own topic as "
+                "well); delete that binding of the event's exchange (the management UI, or "
+                "`DELETE /api/bindings/<vhost>/e/<exchange>/e/<proxy>/~`)"
             )
     return out
 
@@ -466,14 +493,35 @@ async def _rabbitmq_state(
         except ManagementError as exc:
             out[s.endpoint, s.event] = "missing" if exc.status == 404 else f"unreadable: {exc}"
             continue
-        bound = any(
-            b.get("destination_type") == "exchange"
-            and b.get("destination") == s.queue
-            and b.get("routing_key") == ""
+        exchanges = {
+            b.get("destination")
             for b in bindings
-        )
-        out[s.endpoint, s.event] = "subscribed" if bound else "missing"
+            if b.get("destination_type") == "exchange" and b.get("routing_key") == ""
+        }
+        found = "subscribed" if s.queue in exchanges else "missing"
+        leftover = sorted(exchanges & set(_kafka_proxies(config, s)))
+        if leftover:
+            found += f", also bound to {', '.join(leftover)}: events arrive twice"
+        out[s.endpoint, s.event] = found
     return out
+
+
+def _kafka_proxies(config: BridgeConfig, s: Subscribed) -> list[str]:
+    """For a Kafka subscriber's subscription on RabbitMQ, the proxies there of the Kafka
+    subscribers of its event: a binding of the event's exchange to one of them (what a bridge
+    made before event queues, for the first of them) brings each event to that endpoint's own
+    topic too."""
+    if s.kind != "kafka":
+        return []
+    registry = config.registry
+    return [
+        registry.queue(other.endpoint, s.connection)
+        for other in registry.pubsub.subscriptions()
+        if other.kind == "kafka"
+        and other.event == s.event
+        and other.connection == s.connection
+        and registry.has_place(other.endpoint, s.connection)
+    ]
 
 
 def publisher(

@@ -227,7 +227,8 @@ async def test_nginn_tables_publish_and_subscribe_across_every_transport(site: S
     assert f"ng: subscribed {s.shipping} to {s.placed} at sql://db/{shipping_table}" in installed
 
     # The rows NGinn would write when each event table subscribes from its own endpoint (one
-    # per subscription; Analytics, on Kafka, through its carrier's: an event goes to Kafka once).
+    # per subscription; Analytics, on Kafka, through the Kafka subscribers' event table: an
+    # event goes to Kafka once).
     rows = s.ng_rows()
     assert sorted(r[:3] for r in rows) == sorted(
         (f"sql://db/{s.legacy}", f"sql://db/{table}", event)

@@ -433,6 +433,19 @@ async def test_events_cross_every_pair_once_each(site: Site) -> None:
         )
     bridge(s.config, "subscribe", "--endpoint", s.billing, "--event", s.shipped)
     assert ("exchange", s.billing, "") in s.bindings(shipped_exchange)
+    # A binding of the event's exchange to a Kafka subscriber's proxy as well (what a bridge
+    # made before Kafka subscribers had event queues) sends each event to that endpoint's own
+    # topic too: shown in the state, and `check --connect` warns.
+    source, destination = quote(shipped_exchange, safe=""), quote(s.audit, safe="")
+    api("POST", f"bindings/%2F/e/{source}/e/{destination}", {"routing_key": ""})
+    shown = json.loads(bridge(s.config, "endpoints", "--json", "--connect").stdout)
+    audit = next(e for e in shown["endpoints"] if e["name"] == s.audit)
+    assert audit["subscriptions"][1]["state"] == (
+        f"subscribed, also bound to {s.audit}: events arrive twice"
+    )
+    checked = bridge(s.config, "check", "--connect").stdout
+    assert f"rabbit: warning: {s.audit} receives each {s.shipped} twice" in checked
+    api("DELETE", f"bindings/%2F/e/{source}/e/{destination}/~")
 
 
 async def test_restarts_duplicate_no_subscription_and_lose_no_event(site: Site) -> None:

@@ -640,7 +640,7 @@ routes:
 
 
 def test_a_written_publishing_route_reading_a_topic_the_bridge_fills_is_refused() -> None:
-    """Stats (Kafka) subscribes to Sales' S.Placed: the carrier's route produces each event to
+    """Stats (Kafka) subscribes to Sales' S.Placed: the event queue's route produces each event to
     topic `S.Placed`. A written route publishing what it reads there on pg again reaches
     Stats' subscription, and the event goes round for ever."""
     error = error_of(PUBLISHING_LOOP)

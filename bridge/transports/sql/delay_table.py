@@ -29,7 +29,8 @@ Where a retry goes
     found the copy: this SQL connection. FailedQ is therefore a table of this connection, in
     its canonical form: the table a route (`retry_to`: the proxy of the registry's endpoint
     that the destination is, else a written route) reads and forwards to the destination, so
-    a retry crosses to Kafka again (delayed again as it first asked, `deadletter`); without
+    a retry crosses to Kafka again (at once: a SQL source reads no delay request, and its due
+    time has passed anyway); without
     one, a table named like the destination's topic, which does not exist unless someone
     makes it: the retry fails at ServiceControl ("table does not exist") until a table of that
     name and a route from it to the topic are added (then a retry crosses), or the message is
@@ -77,9 +78,9 @@ DESTINATION = "NServiceBus.Bridge.Destination"
 #: requests time out after `request_timeout_ms`, 40 s by default). A claim outlived (the
 #: producer died mid-send) makes the row due again: at least once.
 CLAIM_FOR = 300
-#: Seconds a row that can never be sent waits before its error copy is tried again, when the
-#: copy could not be written (module docstring); its destination is not sent it again until
-#: the copy is written (a refusal for good is final).
+#: Seconds a row that can never be sent waits, when its error copy could not be written
+#: (module docstring); then it is taken as any due row: sent again (a refusal that has since
+#: cleared lets it through, late) and, refused again, its copy tried again.
 PUT_OFF = 300
 
 

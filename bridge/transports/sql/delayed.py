@@ -39,6 +39,7 @@ from bridge.transports.sql.layouts.nginn_sql import local_delay_ms
 
 __all__ = [
     "FORWARD_DESTINATION",
+    "MISSING_DELAYED_TABLE",
     "MOVE_BATCH",
     "DelayedStatements",
     "Moved",
@@ -53,6 +54,13 @@ __all__ = [
 FORWARD_DESTINATION = "NServiceBus.SqlServer.ForwardDestination"
 #: Rows moved per transaction: NServiceBus's default `BatchSize` (DelayedDeliveryOptions.cs:38).
 MOVE_BATCH = 100
+#: What to do about a missing delayed table: the bridge creates those of the tables it
+#: installs; an endpoint's own is its installer's.
+MISSING_DELAYED_TABLE = (
+    "`bridge install` creates the delayed tables of the proxies and event queues it creates "
+    "(`proxies: {create: true}`); an endpoint's own queue gets its delayed table from the "
+    "endpoint's installer (NServiceBus with native delayed delivery) or by hand"
+)
 
 
 @dataclass(frozen=True, slots=True)

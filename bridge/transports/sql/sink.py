@@ -16,8 +16,8 @@ Delays
     with a time to be received, raises `MessageRejected` with its index before anything is
     written, and so does the first delayed message of a send when the delayed table does not
     exist (NServiceBus layout; looked for before the first delayed message is stored, until
-    found): the runner sends it to the error queue, the reason naming `bridge install`, and
-    the rest of the batch on, instead of the insert failing the whole batch again and again.
+    found): the runner sends it to the error queue, the reason saying who creates the table,
+    and the rest of the batch on, instead of the insert failing the whole batch again and again.
 
 Staged sends
     A send of `STAGE_FROM` rows or more goes through the dialect's send stage where it has one
@@ -51,7 +51,7 @@ from bridge.protocols import Checkpoint, FencedCheckpoint
 from bridge.transports.sql.checkpoints import Checkpoints
 from bridge.transports.sql.config import MAX_DELAY_SECONDS
 from bridge.transports.sql.connection import Connection
-from bridge.transports.sql.delayed import store_params
+from bridge.transports.sql.delayed import MISSING_DELAYED_TABLE, store_params
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import new_ids
 from bridge.transports.sql.pool import Pool
@@ -201,6 +201,6 @@ class SqlSink:
         return MessageRejected(
             f"{self._dialect.describe()}: table {self._address!r}: its delayed table "
             f"{self._dialect.table(table)}, where a delayed message waits, does not exist "
-            "(run `bridge install`)",
+            f"({MISSING_DELAYED_TABLE})",
             index=index,
         )

@@ -80,7 +80,7 @@ from bridge.transports.sql.config import SqlConnection, SqliteConnection
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.delay_table import TABLE as DELAY_TABLE
 from bridge.transports.sql.delay_table import DelayTable
-from bridge.transports.sql.delayed import seconds_to_next_due
+from bridge.transports.sql.delayed import MISSING_DELAYED_TABLE, seconds_to_next_due
 from bridge.transports.sql.dialects.base import DbConnection, Dialect, scalar
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.ranges import RangeReads
@@ -215,24 +215,25 @@ class Transport(RangeReads):
         self.dialect.before_check()
         return await self._run(partial(self._check, list(dict.fromkeys(addresses))))
 
-    async def check_delayed(self, addresses: Sequence[str]) -> None:
-        """Raise when the delayed table of a queue table in `addresses` (destinations that
-        may be sent delayed messages) does not exist; NGinn layout: none is needed."""
-        await self._run(partial(self._check_delayed, list(dict.fromkeys(addresses))))
+    async def check_delayed(self, addresses: Sequence[str]) -> list[str]:
+        """Warnings for the queue tables in `addresses` (destinations that may be sent delayed
+        messages) whose delayed table does not exist; NGinn layout: none is needed."""
+        return await self._run(partial(self._check_delayed, list(dict.fromkeys(addresses))))
 
-    def _check_delayed(self, addresses: list[str], db: DbConnection) -> None:
+    def _check_delayed(self, addresses: list[str], db: DbConnection) -> list[str]:
         try:
             tables = [self.dialect.delayed_statements(a).table for a in addresses]
             missing = [t for t in tables if t and not self.dialect.table_exists(db, t)]
         finally:
             db.rollback()
-        if missing:
-            names = ", ".join(self.dialect.table(t) for t in missing)
-            raise TransportError(
-                f"{self.dialect.describe()}: delayed table {names}, where delayed messages to "
-                "it wait (its routes come from Kafka, whose records may ask for a delay), does "
-                "not exist (run `bridge install`)"
-            )
+        if not missing:
+            return []
+        names = ", ".join(self.dialect.table(t) for t in missing)
+        return [
+            f"delayed table {names}, where delayed messages to its queue would wait (its routes "
+            f"come from Kafka, whose records may ask for a delay), does not exist: such a "
+            f"message goes to the error queue. {MISSING_DELAYED_TABLE}"
+        ]
 
     async def peek(self, address: str) -> QueueStats:
         return await self._run(partial(self._peek, address))
