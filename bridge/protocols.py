@@ -61,6 +61,7 @@ __all__ = [
     "ReceivedBatch",
     "ReceivesAhead",
     "ServerConnections",
+    "SharesDelays",
     "Sink",
     "Source",
     "TransactionalSource",
@@ -185,6 +186,15 @@ class ReadsOldestAge(Protocol):
     for it; the service's depth gauge, which peeks every few seconds, never does."""
 
     async def oldest_age(self, address: str) -> float | None: ...
+
+
+@runtime_checkable
+class SharesDelays(Protocol):
+    """A transport whose delayed messages wait in places every destination shares (RabbitMQ's
+    delay levels), which `peek` cannot count per destination: `bridge peek` asks for them all
+    together; the service's depth gauge never does."""
+
+    async def delayed_all_destinations(self) -> int: ...
 
 
 @dataclass(frozen=True)

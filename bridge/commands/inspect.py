@@ -11,7 +11,7 @@ from bridge.commands.common import (
     transport_for,
 )
 from bridge.config.models import BridgeConfig
-from bridge.protocols import QueueStats, ReadsOldestAge, Transport
+from bridge.protocols import QueueStats, ReadsOldestAge, SharesDelays, Transport
 from bridge.service.delaying import waiting_delays
 
 
@@ -74,6 +74,9 @@ async def peek(config_path: str, connection: str, queue: str, *, as_json: bool) 
             and isinstance(transport, ReadsOldestAge)
         ):
             stats = replace(stats, oldest_age_seconds=await transport.oldest_age(queue))
+        if isinstance(transport, SharesDelays):
+            shared = await transport.delayed_all_destinations()
+            stats = replace(stats, delayed_all_destinations=shared)
         # A destination that cannot delay: its delayed messages wait in `delays:`.
         waiting = await waiting_delays(config, connection, queue, opened_transport)
         if waiting is not None:

@@ -98,6 +98,9 @@ def test_a_classic_queue_tells_its_oldest_age_and_keeps_every_message_in_order(
     stats, _ = peek(config, queue)
     assert stats["depth"] == 3
     assert 1.0 <= stats["oldest_age_seconds"] < 60
+    # The delay levels' messages, every destination's together (others' tests may have some).
+    assert isinstance(stats["delayed_all_destinations"], int)
+    assert stats["delayed_all_destinations"] >= 0
     again, _ = peek(config, queue)
     assert again["depth"] == 3 and again["oldest_age_seconds"] >= stats["oldest_age_seconds"]
     # the first message went back to its place, marked redelivered; nothing else changed

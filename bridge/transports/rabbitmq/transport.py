@@ -214,23 +214,28 @@ class Transport:
             if reply_code(exc) == 404:
                 raise TransportError(f"{self._where}: queue {address!r} does not exist") from exc
             raise
-        return QueueStats(depth=depth, delayed_all_destinations=await self._delayed())
+        return QueueStats(depth=depth)
 
-    async def _delayed(self) -> int:
-        """The messages waiting in the v2 delay levels (`delays.py`), for every destination:
-        a message's destination is in its routing key, which only taking it would show, and a
-        level is a quorum queue whose delivery limit counts each look; 0 where none are
-        declared yet."""
-        link = self._link()
+    async def delayed_all_destinations(self) -> int:
+        """The messages waiting in the v2 delay levels (`delays.py`), for every destination,
+        for `bridge peek`: a message's destination is in its routing key, which only taking it
+        would show, and a level is a quorum queue whose delivery limit counts each look; 0
+        where none are declared yet. On a link of its own: a level not declared answers 404,
+        which closes the channel, and must not close one that others use."""
+        own = link(self.config, self.name, "peek", self._where)
         total = 0
-        for level in range(LEVELS):
-            try:
-                total += await link.run(
-                    declare_queue(level_name(level), None, passive=True), what="delay level depth"
-                )
-            except TransportError as exc:
-                if reply_code(exc) != 404:
-                    raise
+        try:
+            for level in range(LEVELS):
+                try:
+                    total += await own.run(
+                        declare_queue(level_name(level), None, passive=True),
+                        what="delay level depth",
+                    )
+                except TransportError as exc:
+                    if reply_code(exc) != 404:
+                        raise
+        finally:
+            await own.close()
         return total
 
     async def oldest_age(self, address: str) -> float | None:
