@@ -187,7 +187,7 @@ async def endpoints(config_path: str, *, as_json: bool, connect: bool = False) -
     config = load_routes(config_path, offline=not connect).config
     states = None
     if connect:
-        from bridge.service.subscriptions import state
+        from bridge.service.subscription_state import state
 
         states = await state(config)
     report = describe_registry(config, states)

@@ -77,7 +77,7 @@ async def check(config_path: str, *, connect: bool) -> int:
     if config.delays is not None and not await _check_delays(config, config.delays.connection):
         failures += 1
     if not failures and tables:
-        from bridge.service.subscriptions import doubled
+        from bridge.service.subscription_state import doubled
 
         for warning in await doubled(config):  # a proxy's row or binding next to the new one
             print(warning)

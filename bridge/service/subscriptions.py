@@ -15,7 +15,7 @@ each as not ready and tries again.
 `change` subscribes or unsubscribes one endpoint by hand (`bridge subscribe` / `bridge
 unsubscribe`; the binding on RabbitMQ, or the NGinn row, that every Kafka subscriber of the
 event shares stays while another uses it); the bridge never unsubscribes on its own. `state`
-reads what each side holds, for `bridge endpoints --connect`.
+reads what each side holds, for `bridge endpoints --connect` (`subscription_state.py`).
 
 Sinks that publish (`publisher`: `SqlPublisher`, `NGinnPublisher`, `RabbitMQPublisher`) are
 made here too, so the supervisor asks one place how a derived route's events go. (Events for
@@ -32,21 +32,18 @@ from bridge.config.models import BridgeConfig
 from bridge.config.pubsub import Subscribed, event_table_route
 from bridge.errors import BridgeError, TransportError, TransportUnavailable, UsageError
 from bridge.protocols import Sink, Transport
+from bridge.service.subscription_state import SQL, grouped, nginn_row, proxy_endpoint
 
 __all__ = [
     "EventTablesMissing",
     "change",
     "describe",
-    "doubled",
     "not_ready",
     "publisher",
-    "state",
     "subscribe_all",
 ]
 
 log = logging.getLogger("bridge.subscriptions")
-
-SQL = ("sqlserver", "postgresql", "sqlite")
 
 
 def describe(s: Subscribed, *, subscribe: bool = True) -> str:
@@ -136,12 +133,6 @@ async def _missing_queues(transport: Transport, made: list[Subscribed]) -> list[
     return [s for s in made if s.table in missing]
 
 
-def _nginn_row(config: BridgeConfig, s: Subscribed) -> tuple[str, str, str]:
-    row = config.registry.pubsub.nginn_row(s)
-    assert row is not None, s
-    return row
-
-
 async def _apply_nginn(
     config: BridgeConfig, transport: Transport, made: list[Subscribed], *, subscribe: bool
 ) -> list[Subscribed]:
@@ -169,7 +160,7 @@ async def _apply_nginn(
         for s in made:
             if s in waiting:
                 continue
-            publisher, subscriber, message_type = _nginn_row(config, s)
+            publisher, subscriber, message_type = nginn_row(config, s)
             if subscribe:
                 await table.subscribe(publisher, subscriber, message_type)
                 continue
@@ -224,12 +215,9 @@ async def subscribe_all(config: BridgeConfig, transports: dict[str, Transport]) 
     table does not exist."""
     from bridge.transports import load
 
-    by_connection: dict[str, list[Subscribed]] = {}
-    for s in config.registry.pubsub.native():
-        by_connection.setdefault(s.connection, []).append(s)
     done = []
     waiting: list[Subscribed] = []
-    for connection, made in by_connection.items():
+    for connection, made in grouped(config.registry.pubsub.native()).items():
         if connection not in transports:
             transports[connection] = load(connection, config.connections[connection])
         kind = config.connections[connection].type
@@ -307,10 +295,10 @@ async def _remove_proxy_row(config: BridgeConfig, s: Subscribed) -> str:
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 
-    proxy = _proxy_endpoint(config, s)
+    proxy = proxy_endpoint(config, s)
     if proxy is None:
         return ""
-    publisher, _, message_type = _nginn_row(config, s)
+    publisher, _, message_type = nginn_row(config, s)
     transport = load(s.connection, config.connections[s.connection])
     try:
         assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
@@ -323,205 +311,6 @@ async def _remove_proxy_row(config: BridgeConfig, s: Subscribed) -> str:
     finally:
         await transport.close()
     return f"; removed the row of {proxy} (a bridge's from before event tables), if there was one"
-
-
-async def state(config: BridgeConfig) -> dict[tuple[str, str], str]:
-    """(endpoint, event) -> what the publisher's side holds: `subscribed`, `missing`, `moved`
-    (a row with another address), or why it could not be read: SQL rows are read in the
-    subscription table, RabbitMQ bindings through the management API (AMQP cannot list them)."""
-    out: dict[tuple[str, str], str] = {}
-    by_connection: dict[str, list[Subscribed]] = {}
-    for s in config.registry.pubsub.native():
-        by_connection.setdefault(s.connection, []).append(s)
-    for connection, made in by_connection.items():
-        kind = config.connections[connection].type
-        reader = _sql_state if kind in SQL else _rabbitmq_state
-        try:
-            out.update(await reader(config, connection, made))
-        except BridgeError as exc:
-            out.update({(s.endpoint, s.event): f"unreadable: {exc}" for s in made})
-    return out
-
-
-async def _sql_state(
-    config: BridgeConfig, connection: str, made: list[Subscribed]
-) -> dict[tuple[str, str], str]:
-    from bridge.transports import load
-    from bridge.transports.sql.subscriptions import SubscriptionTable
-    from bridge.transports.sql.transport import Transport as SqlTransport
-
-    transport = load(connection, config.connections[connection])
-    assert isinstance(transport, SqlTransport)
-    if transport.config.layout == "nginn":
-        return await _nginn_state(config, transport, made)
-    table = SubscriptionTable(transport.dialect, transport.config.subscription_table)
-    try:
-        rows = {(e, t): a for a, e, t in await table.rows()} if await table.exists() else {}
-    finally:
-        await table.close()
-        await transport.close()
-    out = {}
-    for s in made:
-        found = rows.get((s.endpoint, s.event))
-        out[s.endpoint, s.event] = (
-            "missing" if found is None else "subscribed" if found == s.address else "moved"
-        )
-    return out
-
-
-async def _nginn_state(
-    config: BridgeConfig, transport: Transport, made: list[Subscribed]
-) -> dict[tuple[str, str], str]:
-    """`subscribed` where NGinn's table holds the row without an expiration (the bridge writes
-    none), `expiring` where it holds one with an expiration still to come, `expired` where that
-    has passed by the database's clock (NGinn's publisher no longer reads the row), else
-    `missing`."""
-    from bridge.transports.sql.layouts.nginn_rows import parse_local
-    from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
-    from bridge.transports.sql.transport import Transport as SqlTransport
-
-    assert isinstance(transport, SqlTransport) and transport.config.nginn is not None
-    table = NGinnSubscriptionTable(transport.dialect, transport.config.nginn.subscriptions)
-    try:
-        rows, now = await table.rows_and_clock() if await table.exists() else ([], None)
-    finally:
-        await table.close()
-        await transport.close()
-    held = {(p, sub, m): expires for p, sub, m, _, expires in rows}
-
-    def of(key: tuple[str, str, str]) -> str:
-        if key not in held:
-            return "missing"
-        expires = held[key]
-        if expires is None:
-            return "subscribed"
-        passed = now is not None and parse_local(expires) < now
-        return "expired" if passed else "expiring"
-
-    out = {}
-    for s in made:
-        key = _nginn_row(config, s)
-        found = of(key)
-        proxy = _proxy_endpoint(config, s)
-        if proxy is not None and of((key[0], proxy, key[2])) in ("subscribed", "expiring"):
-            found += (
-                f", also at {proxy}: events arrive twice"
-                if found in ("subscribed", "expiring")
-                else f"; at {proxy} instead: events arrive as messages, through the proxy"
-            )
-        out[s.endpoint, s.event] = found
-    return out
-
-
-def _proxy_endpoint(config: BridgeConfig, s: Subscribed) -> str | None:
-    """For a subscription to an NGinn publisher, the endpoint of the proxy (for Kafka
-    subscribers, the first one's in the file) that a bridge subscribed before subscriptions had
-    event tables: a row naming it next to the event table's delivers each event twice, once as
-    a message through the proxy."""
-    if s.table is None or config.registry.pubsub.nginn(s.connection) is None:
-        return None
-    return config.registry.address(s.queue, s.connection)
-
-
-async def doubled(config: BridgeConfig) -> list[str]:
-    """`bridge check --connect`'s warnings: each subscription whose events arrive twice, as
-    NGinn's subscription table holds a row for its proxy too, or RabbitMQ binds the event's
-    exchange to a Kafka subscriber's proxy as well as to its event queue."""
-    pubsub = config.registry.pubsub
-    out = await _bound_twice(config)
-    made = [s for s in pubsub.native() if s.table is not None and pubsub.nginn(s.connection)]
-    by_connection: dict[str, list[Subscribed]] = {}
-    for s in made:
-        by_connection.setdefault(s.connection, []).append(s)
-    for connection, subscriptions in by_connection.items():
-        found = await _sql_state(config, connection, subscriptions)
-        for s in subscriptions:
-            if "twice" not in found[s.endpoint, s.event]:
-                continue
-            out.append(
-                f"{connection}: warning: {s.endpoint} receives each {s.event} twice: NGinn's "
-                f"subscription table holds a row for its event table ({s.address}) and one "
-                f"for {_proxy_endpoint(config, s)}, which a bridge wrote before subscriptions "
-                f"had event tables; `bridge unsubscribe --endpoint {s.endpoint} --event "
-                f"{s.event}` removes both, then `bridge subscribe` with the same arguments "
-                "writes the event table's again"
-            )
-    return out
-
-
-async def _bound_twice(config: BridgeConfig) -> list[str]:
-    """The warnings of Kafka subscribers' subscriptions on RabbitMQ whose event's exchange is
-    bound to a proxy too (`_kafka_proxies`)."""
-    by_connection: dict[str, list[Subscribed]] = {}
-    for s in config.registry.pubsub.native():
-        if s.kind == "kafka" and config.connections[s.connection].type == "rabbitmq":
-            by_connection.setdefault(s.connection, []).append(s)
-    out = []
-    for connection, subscriptions in by_connection.items():
-        try:
-            found = await _rabbitmq_state(config, connection, subscriptions)
-        except BridgeError:
-            continue  # `bridge endpoints --connect` says why it cannot be read
-        for s in subscriptions:
-            if "twice" not in found[s.endpoint, s.event]:
-                continue
-            out.append(
-                f"{connection}: warning: {s.endpoint} receives each {s.event} twice: "
-                f"{found[s.endpoint, s.event]} (a proxy's binding, which a bridge made before "
-                "Kafka subscribers had event queues, sends it to that endpoint's own topic as "
-                "well); delete that binding of the event's exchange (the management UI, or "
-                "`DELETE /api/bindings/<vhost>/e/<exchange>/e/<proxy>/~`)"
-            )
-    return out
-
-
-async def _rabbitmq_state(
-    config: BridgeConfig, connection: str, made: list[Subscribed]
-) -> dict[tuple[str, str], str]:
-    from bridge.nservicebus.events import exchange_name
-    from bridge.transports.rabbitmq.config import RabbitMQConnection
-    from bridge.transports.rabbitmq.events import subscribed_type
-    from bridge.transports.rabbitmq.management import ManagementApi, ManagementError
-
-    model = config.connections[connection]
-    assert isinstance(model, RabbitMQConnection)
-    api = ManagementApi(model)
-    out = {}
-    for s in made:
-        try:
-            bindings = await api.bindings_from(exchange_name(subscribed_type(s.event)))
-        except ManagementError as exc:
-            out[s.endpoint, s.event] = "missing" if exc.status == 404 else f"unreadable: {exc}"
-            continue
-        exchanges = {
-            b.get("destination")
-            for b in bindings
-            if b.get("destination_type") == "exchange" and b.get("routing_key") == ""
-        }
-        found = "subscribed" if s.queue in exchanges else "missing"
-        leftover = sorted(exchanges & set(_kafka_proxies(config, s)))
-        if leftover:
-            found += f", also bound to {', '.join(leftover)}: events arrive twice"
-        out[s.endpoint, s.event] = found
-    return out
-
-
-def _kafka_proxies(config: BridgeConfig, s: Subscribed) -> list[str]:
-    """For a Kafka subscriber's subscription on RabbitMQ, the proxies there of the Kafka
-    subscribers of its event: a binding of the event's exchange to one of them (what a bridge
-    made before event queues, for the first of them) brings each event to that endpoint's own
-    topic too."""
-    if s.kind != "kafka":
-        return []
-    registry = config.registry
-    return [
-        registry.queue(other.endpoint, s.connection)
-        for other in registry.pubsub.subscriptions()
-        if other.kind == "kafka"
-        and other.event == s.event
-        and other.connection == s.connection
-        and registry.has_place(other.endpoint, s.connection)
-    ]
 
 
 def publisher(
