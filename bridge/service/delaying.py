@@ -39,7 +39,7 @@ from bridge.errors import (
 from bridge.nservicebus.deadletter import DEFAULT_ERROR_QUEUE
 from bridge.nservicebus.delays import DELAY_WITH_TTL, too_long
 from bridge.protocols import Checkpoint, Sink, Transport
-from bridge.service.movers import MAX_BACKOFF, MAX_WAIT, MIN_WAIT
+from bridge.service.movers import backoff, next_wait
 from bridge.transports.sql.config import MAX_DELAY_SECONDS as SQL_MAX_DELAY
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.delay_table import PUT_OFF, DelayRow, DelayTable
@@ -245,16 +245,14 @@ class DelayedProducer:
                     next_due = await db.run(partial(self.table.seconds_to_next_due, skip=skip))
                     failures = 0
                     stalls = stalls + 1 if next_due is not None and next_due <= 0 else 0
-                    if stalls:  # due rows another producer holds: look again after a while
-                        wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
-                    else:
-                        wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    # Due rows another producer holds (stalls): look again after a while.
+                    wait = next_wait(next_due, stalls)
                     if skip:  # a destination backing off may be due again before that
                         wait = min(wait, self._until_back() - time.monotonic())
                 except BridgeError as exc:
                     stalls = 0
                     failures += 1
-                    wait = min(MAX_BACKOFF, 0.5 * 2**failures)
+                    wait = backoff(failures)
                     log.warning(
                         "sending due delayed messages failed (again in %.0f s): %s", wait, exc
                     )
@@ -280,7 +278,7 @@ class DelayedProducer:
         """`to` failed in a way that may pass: its rows are left alone for a while, twice as
         long each time in a row (as a route backs off), while the others go out on time."""
         failures = self.backing_off.get(to, (0, 0.0))[0] + 1
-        wait = min(MAX_BACKOFF, 0.5 * 2**failures)
+        wait = backoff(failures)
         self.backing_off[to] = (failures, time.monotonic() + wait)
         log.warning(
             "sending delayed messages to %s/%s failed (again in %.0f s; those of other "

@@ -41,7 +41,15 @@ from bridge.transports.sql.delayed import MOVE_BATCH, move_due, move_if_due
 from bridge.transports.sql.dialects.base import DbConnection
 from bridge.transports.sql.transport import Transport as SqlTransport
 
-__all__ = ["MAX_BACKOFF", "MAX_WAIT", "MIN_WAIT", "DelayedMover", "movers"]
+__all__ = [
+    "MAX_BACKOFF",
+    "MAX_WAIT",
+    "MIN_WAIT",
+    "DelayedMover",
+    "backoff",
+    "movers",
+    "next_wait",
+]
 
 log = logging.getLogger("bridge.movers")
 
@@ -52,6 +60,22 @@ MAX_WAIT = 1.0
 MIN_WAIT = 0.05
 #: The longest wait after a failed move, in seconds.
 MAX_BACKOFF = 30.0
+
+
+def next_wait(next_due: float | None, stalls: int) -> float:
+    """Seconds until the next look at delayed rows: after `stalls` looks in a row that found
+    rows due and moved none (another transaction holds them), `MIN_WAIT` doubled each time up
+    to `MAX_WAIT`; else until the next is due (`next_due` seconds; None: none waits), at most
+    `MAX_WAIT`."""
+    if stalls:
+        return min(MAX_WAIT, MIN_WAIT * 2.0 ** (stalls - 1))
+    return MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+
+
+def backoff(failures: int) -> float:
+    """Seconds before trying again after `failures` failures in a row: 1 s doubled each time,
+    at most `MAX_BACKOFF`."""
+    return min(MAX_BACKOFF, 0.5 * 2.0**failures)
 
 
 class DelayedMover:
@@ -98,14 +122,12 @@ class DelayedMover:
                     stalls = stalls + 1 if moved.stalled else 0
                     if stalls:  # due rows someone else holds: look again after a while
                         due_now = False
-                        wait = min(MAX_WAIT, MIN_WAIT * 2 ** (stalls - 1))
-                    else:
-                        wait = MAX_WAIT if next_due is None else min(max(next_due, 0.0), MAX_WAIT)
+                    wait = next_wait(next_due, stalls)
                 except BridgeError as exc:
                     due_now = False
                     stalls = 0
                     failures += 1
-                    wait = min(MAX_BACKOFF, 0.5 * 2**failures)
+                    wait = backoff(failures)
                     log.warning(
                         "moving delayed messages of %s/%s failed (again in %.0f s): %s",
                         self.transport.name,
