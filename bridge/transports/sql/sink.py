@@ -43,6 +43,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any
 
 from bridge.envelope import Envelope
 from bridge.errors import HeadersFormatError, MessageRejected, TransportError
@@ -137,7 +138,9 @@ class SqlSink:
         now = time.time()
         send_params, outgoing = self._dialect.send_params, self._dialect.layout.outgoing
         address = self._address
-        rows, delayed, delayed_at = [], [], []
+        rows: list[Sequence[Any]] = []
+        delayed: list[Sequence[Any]] = []
+        first_delayed = 0  # the index of the first of `delayed`: refused if its table is missing
         for index, (envelope, native_id) in enumerate(
             zip(envelopes, new_ids(len(envelopes)), strict=True)
         ):
@@ -152,15 +155,16 @@ class SqlSink:
                     if longer is not None:
                         return longer
                     due_ms = round((due - now) * 1000)
+                    if not delayed:
+                        first_delayed = index
                     delayed.append(store_params(self._dialect, envelope, due_ms, address, now))
-                    delayed_at.append(index)
                     continue
                 rows.append(send_params(outgoing(envelope, now, native_id, address=address)))
             except HeadersFormatError as exc:
                 where = f"{self._dialect.describe()}: table {self._address!r}"
                 return MessageRejected(f"{where}: {exc}", index=index)
         if delayed and not self._delayed_found:
-            missing = self._missing_delayed_table(db, delayed_at[0])
+            missing = self._missing_delayed_table(db, first_delayed)
             if missing is not None:
                 return missing
         if positions:
