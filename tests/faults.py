@@ -1,20 +1,24 @@
-"""What fault tests share: a `bridge` child process to kill -9 and start again, and the
-delivery report each case ends with, collected for the table printed at the end of the run
-(`pytest_terminal_summary` in tests/conftest.py)."""
+"""What fault tests share: a `bridge` child process to kill -9 and start again, the kills
+timed to cut a stream mid-way, and the delivery report each case ends with, collected for the
+table printed at the end of the run (`pytest_terminal_summary` in tests/conftest.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from tests.conftest import unique
 
-__all__ = ["REPORTED", "BridgeProcess", "Delivery", "delivery_table", "report"]
+__all__ = ["REPORTED", "BridgeProcess", "Delivery", "delivery_table", "kill_mid_stream", "report"]
 
 
 class BridgeProcess:
@@ -88,6 +92,36 @@ class BridgeProcess:
     def _started(self) -> subprocess.Popen[bytes]:
         assert self._process is not None, "the bridge was never started"
         return self._process
+
+
+async def kill_mid_stream(
+    bridge: BridgeProcess, delivered: Callable[[], Awaitable[int]], total: int, kills: int
+) -> list[int]:
+    """Start the route and kill -9 it while messages move, `kills` times; the delivered count
+    right after each kill, which must be past 0 and short of `total`.
+
+    The k-th kill comes once the count passed a random point in the k-th of `kills` + 1 equal
+    slices of the stream, and this start of the bridge has delivered something itself. So
+    at least a slice of the stream is left to move when the kill is due: a stream that moves
+    fast still is cut, however late a look at the count comes.
+    """
+    rng = random.Random(os.getpid())
+    at_kills = []
+    for k in range(kills):
+        target = total * (k + rng.random()) / (kills + 1)
+        before = await delivered()
+        bridge.restart()  # the first time, a plain start
+        deadline = time.monotonic() + 60
+        while (count := await delivered()) <= before or count < target:
+            assert bridge.running, f"the bridge exited: {bridge.output()}"
+            assert time.monotonic() < deadline, f"no progress past {count} of {total}"
+            await asyncio.sleep(0.02)
+        bridge.kill()
+        count = await delivered()
+        assert 0 < count < total, f"kill {k + 1} came with {count} of {total} delivered"
+        at_kills.append(count)
+    assert bridge.kills == len(at_kills) == kills
+    return at_kills
 
 
 @dataclass(frozen=True)

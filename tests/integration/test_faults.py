@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import subprocess
 import textwrap
@@ -28,7 +27,7 @@ from bridge.protocols import Transport
 from bridge.transports import load
 from bridge.transports.sql.chain import CHAIN
 from tests.conftest import unique
-from tests.faults import BridgeProcess, report
+from tests.faults import BridgeProcess, kill_mid_stream, report
 from tests.support.queues import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -225,34 +224,6 @@ async def rig(
     await r.close()
 
 
-async def kill_mid_stream(
-    bridge: BridgeProcess, delivered: Callable[[], Awaitable[int]]
-) -> list[int]:
-    """Start the route and kill -9 it while messages move, KILLS times; the delivered count
-    right after each kill, which must be past 0 and short of TOTAL.
-
-    The k-th kill comes once the count passed a random point in the k-th of KILLS + 1 equal
-    slices of the stream, and this start of the bridge has delivered something itself.
-    """
-    rng = random.Random(os.getpid())
-    at_kills = []
-    for k in range(KILLS):
-        target = TOTAL * (k + rng.random()) / (KILLS + 1)
-        before = await delivered()
-        bridge.restart()  # the first time, a plain start
-        deadline = time.monotonic() + 60
-        while (count := await delivered()) <= before or count < target:
-            assert bridge.running, f"the bridge exited: {bridge.output()}"
-            assert time.monotonic() < deadline, f"no progress past {count} of {TOTAL}"
-            await asyncio.sleep(0.02)
-        bridge.kill()
-        count = await delivered()
-        assert 0 < count < TOTAL, f"kill {k + 1} came with {count} of {TOTAL} delivered"
-        at_kills.append(count)
-    assert bridge.kills == len(at_kills) >= 3
-    return at_kills
-
-
 def killed_at(at_kills: list[int]) -> str:
     return f"kill -9 at {'/'.join(map(str, at_kills))}"
 
@@ -260,7 +231,7 @@ def killed_at(at_kills: list[int]) -> str:
 async def test_pg_to_kafka_kill_9(rig: Rig) -> None:
     sent = await rig.fill_source()
     with rig.bridge("run", "--route", "pg-to-kafka") as bridge:
-        at_kills = await kill_mid_stream(bridge, rig.kafka_count)
+        at_kills = await kill_mid_stream(bridge, rig.kafka_count, TOTAL, KILLS)
     await asyncio.to_thread(rig.run, "run", "--route", "pg-to-kafka", "--until-idle", "1")
     assert await rig.pg_depth(rig.src) == 0
     bound = len(at_kills) * IN_FLIGHT
@@ -272,7 +243,7 @@ async def test_sqlite_to_kafka_kill_9(rig: Rig) -> None:
     ahead in the transaction it holds), so a kill returns up to that many."""
     sent = await rig.fill_source("sqlite")
     with rig.bridge("run", "--route", "sqlite-to-kafka") as bridge:
-        at_kills = await kill_mid_stream(bridge, rig.kafka_count)
+        at_kills = await kill_mid_stream(bridge, rig.kafka_count, TOTAL, KILLS)
     await asyncio.to_thread(rig.run, "run", "--route", "sqlite-to-kafka", "--until-idle", "1")
     assert (await rig.lite.peek(rig.src)).depth == 0
     bound = len(at_kills) * CHAIN * BATCH
@@ -286,7 +257,7 @@ async def test_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
         return await asyncio.to_thread(rig.rabbit_depth)
 
     with rig.bridge("run", "--route", "pg-to-rabbit") as bridge:
-        at_kills = await kill_mid_stream(bridge, delivered)
+        at_kills = await kill_mid_stream(bridge, delivered, TOTAL, KILLS)
     await asyncio.to_thread(rig.run, "run", "--route", "pg-to-rabbit", "--until-idle", "1")
     bound = len(at_kills) * IN_FLIGHT
     report(f"pg->rabbitmq, {killed_at(at_kills)}", sent, rig.rabbit_ids(), bound)
@@ -318,7 +289,7 @@ async def test_registry_proxy_pg_to_rabbitmq_kill_9(rig: Rig) -> None:
         return await asyncio.to_thread(rig.rabbit_depth, rig.billing)
 
     with rig.bridge("run", "--route", route) as bridge:
-        at_kills = await kill_mid_stream(bridge, delivered)
+        at_kills = await kill_mid_stream(bridge, delivered, TOTAL, KILLS)
     await asyncio.to_thread(rig.run, "run", "--route", route, "--until-idle", "1")
     assert await rig.pg_depth(rig.billing) == 0
     got = await asyncio.to_thread(rig.rabbit_messages, rig.billing)
@@ -339,7 +310,7 @@ async def test_rabbitmq_to_pg_kill_9(rig: Rig) -> None:
         return await rig.pg_depth(rig.dst)
 
     with rig.bridge("run", "--route", "rabbit-to-pg") as bridge:
-        at_kills = await kill_mid_stream(bridge, delivered)
+        at_kills = await kill_mid_stream(bridge, delivered, TOTAL, KILLS)
     await asyncio.to_thread(rig.run, "run", "--route", "rabbit-to-pg", "--until-idle", "2")
     assert rig.rabbit_depth() == 0
     bound = len(at_kills) * IN_FLIGHT
