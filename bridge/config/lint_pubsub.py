@@ -280,7 +280,7 @@ def _nginn_typed(config: BridgeConfig, registry: Registry, s: Subscribed, where:
     """An event the bridge writes onto a subscriber's NGinn tables (through its proxy, or
     published there from Kafka) has a `nginn.types` entry: NGinn dispatches on the body's
     `$type` (nginn.md), NServiceBus bodies carry none, so the row mapping refuses every such
-    event at run time (`nginn_rows.RowMapping.outgoing`). An event whose publisher is on NGinn
+    event at run time (`nginn_outgoing.outgoing`). An event whose publisher is on NGinn
     tables too comes with NGinn's own `$type`."""
     home = registry.home(s.endpoint)
     model = config.connections[home]

@@ -11,7 +11,7 @@ Facts (messaging-bridge.md §2):
   (Messages/SubscribeRequest.cs:6-11, UnsubscribeRequest.cs:6-8), which the publisher's
   `SubscriptionMsgHandler` turns into its subscription row (Impl/SubscriptionMsgHandler.cs:
   31-60); a row read from NGinn tables names its body's `$type` in `EnclosedMessageTypes`
-  (`nginn_rows`), by which a proxy drops these as it drops NServiceBus's;
+  (`nginn_incoming`), by which a proxy drops these as it drops NServiceBus's;
 - `NServiceBus.EnclosedMessageTypes` lists `;`-joined assembly-qualified names, most derived
   first; without .NET types, a message's topics are each entry's full name (the text before the
   first comma) and `System.Object`, which every class derives from (PolymorphicSubscriptionStore.cs:

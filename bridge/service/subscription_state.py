@@ -83,7 +83,7 @@ async def _nginn_state(
     none), `expiring` where it holds one with an expiration still to come, `expired` where that
     has passed by the database's clock (NGinn's publisher no longer reads the row), else
     `missing`."""
-    from bridge.transports.sql.layouts.nginn_rows import parse_local
+    from bridge.transports.sql.layouts.nginn_formats import parse_local
     from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
     from bridge.transports.sql.transport import Transport as SqlTransport
 

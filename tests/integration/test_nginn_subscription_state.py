@@ -17,7 +17,7 @@ import pytest
 
 from bridge.config.loader import parse_config
 from bridge.service.subscription_state import state
-from bridge.transports.sql.layouts.nginn_rows import local_text
+from bridge.transports.sql.layouts.nginn_formats import local_text
 from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
 from tests.integration.test_nginn_publisher import TABLE, place, transport_of
 

@@ -665,7 +665,7 @@ async def test_a_refused_row_whose_error_copy_cannot_be_written_never_sends_the_
 ) -> None:
     """The rows sent are deleted whatever becomes of the error copy of a row refused for good
     with them: a copy that cannot be written (the error queue's table dropped; an NGinn error
-    queue, whose unique_id holds 40 characters, nginn_rows.py `outgoing`) leaves the refused
+    queue, whose unique_id holds 40 characters, nginn_outgoing.py `outgoing`) leaves the refused
     row in BridgeDelays, put off by `PUT_OFF` seconds and counted, and the good row goes out
     once (before: the whole settle rolled back, the good row was sent again at each take)."""
     from bridge.service.delaying import DelayedProducer, delaying_sink

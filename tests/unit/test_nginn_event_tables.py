@@ -192,7 +192,7 @@ def test_publishers_elsewhere_keep_their_proxies() -> None:
 
 
 def row(message_id: str, enclosed: str, **more: str) -> Envelope:
-    """A row of Legacy's as the NGinn mapping reads it (`nginn_rows`): intent Send."""
+    """A row of Legacy's as the NGinn mapping reads it (`nginn_incoming`): intent Send."""
     headers = Headers(
         [
             ("NServiceBus.MessageId", message_id),

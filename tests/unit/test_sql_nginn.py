@@ -35,14 +35,10 @@ from bridge.transports.sql.dialects.postgresql import PostgresDialect
 from bridge.transports.sql.dialects.sqlite import SqliteDialect
 from bridge.transports.sql.dialects.sqlserver import SqlServerDialect
 from bridge.transports.sql.layouts.nginn import NGinnLayout
-from bridge.transports.sql.layouts.nginn_rows import (
-    LEFT_OUT,
-    NGinnRow,
-    OutgoingNGinnRow,
-    RowMapping,
-    format_headers,
-    parse_headers,
-)
+from bridge.transports.sql.layouts.nginn_formats import format_headers, parse_headers
+from bridge.transports.sql.layouts.nginn_incoming import NGinnRow
+from bridge.transports.sql.layouts.nginn_outgoing import LEFT_OUT, OutgoingNGinnRow
+from bridge.transports.sql.layouts.nginn_rows import RowMapping
 from bridge.transports.sql.layouts.nginn_sql import create_sqlserver
 from tests.support.nginn import NGINN_QUERIES
 

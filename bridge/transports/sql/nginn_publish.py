@@ -30,11 +30,11 @@ Guarantees
 
 Failures
     An event with a `deliver_at` still to come raises `MessageRejected` with its index (a
-    publish is not delayed); so does an event no NGinn row can hold (`nginn_rows.outgoing`).
+    publish is not delayed); so does an event no NGinn row can hold (`nginn_outgoing.outgoing`).
     Database failures are the connection's (`errors.py`).
 
 What is lossy
-    What an NGinn row cannot hold (`nginn_rows`). Two kinds of subscriber rows get no copy,
+    What an NGinn row cannot hold (`nginn_outgoing`). Two kinds of subscriber rows get no copy,
     the others theirs: each skipped copy is counted once its batch is committed (`skipped`,
     and `on_skipped`, which the service turns into the `bridge_nginn_copies_skipped_total`
     metric) and each such endpoint logged once as a warning:
@@ -63,7 +63,7 @@ from bridge.nservicebus.events import published, topics_of
 from bridge.transports.sql.addresses import nginn_table
 from bridge.transports.sql.config import NGINN_ENDPOINT_CHARS, SqlConnection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
-from bridge.transports.sql.layouts.nginn_rows import OutgoingNGinnRow
+from bridge.transports.sql.layouts.nginn_outgoing import OutgoingNGinnRow
 from bridge.transports.sql.nginn_subscriptions import NGinnSubscriptionTable
 from bridge.transports.sql.pool import Pool
 from bridge.transports.sql.publish import Publisher

@@ -35,7 +35,7 @@ from typing import Any
 
 from bridge.transports.sql.connection import Connection
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
-from bridge.transports.sql.layouts.nginn_rows import parse_local
+from bridge.transports.sql.layouts.nginn_formats import parse_local
 from bridge.transports.sql.layouts.nginn_sql import local_now
 from bridge.transports.sql.subscriptions import OwnConnectionTable
 

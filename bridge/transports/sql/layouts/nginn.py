@@ -2,8 +2,9 @@
 
 Features
     One table per queue with subqueues (`I` ready, `R` scheduled, `X` done, `F` failed), read
-    and written as NGinn's own process does (`nginn_sql`: its statements; `nginn_rows`: its
-    headers, body and times, and the NServiceBus mapping). A receive marks up to n `I` rows
+    and written as NGinn's own process does (`nginn_sql`: its statements; `nginn_formats`:
+    its headers, body and times; `nginn_rows`: the NServiceBus mapping, `nginn_incoming` and
+    `nginn_outgoing` its two directions). A receive marks up to n `I` rows
     whose `to_endpoint` is the table's own endpoint (`sql://<alias>/<table>`) `X` with
     `last_processed`, in the source's transaction, and keeps them as NGinn does; rows for
     other endpoints are NGinn's to forward and stay. A row whose `_NG-TTL` has passed (by the
@@ -37,13 +38,10 @@ from bridge.errors import ConfigError
 from bridge.transports.sql.config import NGINN_ENDPOINT_CHARS
 from bridge.transports.sql.dialects.base import DbConnection, Dialect
 from bridge.transports.sql.layouts.base import Layout, QueueStatements, TakenRow
-from bridge.transports.sql.layouts.nginn_rows import (
-    NGinnRow,
-    OutgoingNGinnRow,
-    RowMapping,
-    local_text,
-    utc_to_local,
-)
+from bridge.transports.sql.layouts.nginn_formats import local_text, utc_to_local
+from bridge.transports.sql.layouts.nginn_incoming import NGinnRow
+from bridge.transports.sql.layouts.nginn_outgoing import OutgoingNGinnRow
+from bridge.transports.sql.layouts.nginn_rows import RowMapping
 from bridge.transports.sql.layouts.nginn_sql import SQLITE_LOCAL, NGinnStatements, statements
 
 __all__ = ["NGinnLayout"]
