@@ -1,1 +1,2 @@
-"""One route's path: receive (receiver), header rules (rules), send and commit (runner), retry."""
+"""One route's path: the loops (runner), receive (receiver), one batch forwarded (forwarding),
+header rules (rules), send with refusals (sending), states and failures (state), retry."""

@@ -25,7 +25,8 @@ from bridge.errors import (
 )
 from bridge.protocols import Checkpoint, Sink, Source
 from bridge.routing.retry import Backoff
-from bridge.routing.runner import PERMANENT_RETRY_MAX, RETRY_MAX, Probe, RouteRunner
+from bridge.routing.runner import Probe, RouteRunner
+from bridge.routing.state import PERMANENT_RETRY_MAX, RETRY_MAX
 from bridge.telemetry.logs import JsonFormatter
 from bridge.telemetry.metrics import Metrics
 from bridge.transports.memory import Broker, MemorySink, Transport
