@@ -361,18 +361,16 @@ def _error_copy(row: DelayRow, reason: str, failed_q: str) -> Envelope:
         f"the delayed message ({TABLE} row {row.id}) to {row.connection}/{row.address} can "
         f"never be sent: {reason}"
     )
-    if row.unreadable is None:
-        copy = error_copy(row.envelope, why, failed_q)
-        copy.headers.set(DESTINATION, f"{row.connection}/{row.address}")
-        return copy
-    poison = PoisonMessage(
-        raw_headers=row.unreadable[0],
-        body=bytes(row.envelope.body),
-        reason=why,
-        exception_type=HeadersFormatError.__name__,
-        native_id=row.id,
-    )
-    copy = error_copy(poison, why, failed_q)
+    original: Envelope | PoisonMessage = row.envelope
+    if row.unreadable is not None:
+        original = PoisonMessage(
+            raw_headers=row.unreadable[0],
+            body=bytes(row.envelope.body),
+            reason=why,
+            exception_type=HeadersFormatError.__name__,
+            native_id=row.id,
+        )
+    copy = error_copy(original, why, failed_q)
     copy.headers.set(DESTINATION, f"{row.connection}/{row.address}")
     return copy
 
