@@ -57,15 +57,14 @@ class BatchForwarder:
         # A proxy's route drops control messages and counts events, as the Messaging Bridge's
         # proxies see them; so does a route that publishes (a Subscribe is no event to publish);
         # any other written route forwards whatever it takes, uncounted.
-        self._drops_control = isinstance(route, DerivedRoute) or route.publish
-        self._counts_events = self._drops_control
+        self._sees_events = isinstance(route, DerivedRoute) or route.publish
 
     async def forward(self, batch: ReceivedBatch, sink: Sink) -> None:
         """Send `batch` to `sink` and commit it (see the module docstring)."""
         now = time.time()
         originals = [e for e in batch.messages if e.expires_at is None or e.expires_at > now]
         expired = batch.expired + len(batch.messages) - len(originals)
-        if self._drops_control:
+        if self._sees_events:
             originals = self._without_control(originals)
         refused: list[BaseException] = []
         with self._tracing.batch(originals):
@@ -78,7 +77,7 @@ class BatchForwarder:
         stats.poison += failed
         stats.batches += 1
         self._metrics.forwarded(live, expired, failed)
-        if self._counts_events:
+        if self._sees_events:
             self._count_events(live)
         if failed:
             self._log_error_queue(failed, batch, refused)
