@@ -171,10 +171,9 @@ class RouteRunner:
                         self.stop()
                         return
                     reached = self._probe is None
-                    if retriable:
-                        delay = self._state.failed(index, exc, backoff, aborted, permanent=False)
-                    else:
-                        delay = self._state.failed(index, exc, slow, aborted, permanent=True)
+                    delay = self._state.failed(
+                        index, exc, backoff if retriable else slow, aborted, permanent=not retriable
+                    )
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), timeout=delay)
         finally:
