@@ -129,7 +129,7 @@ class PubSub:
 
     def _resolved(self) -> Iterator[Subscribed]:
         registry = self.registry
-        # For an NGinn publisher only (`_proxy_endpoint` in service/subscriptions.py): the
+        # For an NGinn publisher only (`proxy_endpoint` in service/subscription_state.py): the
         # proxy of the first Kafka subscriber, which a bridge from before event tables
         # subscribed; elsewhere `_with_event_tables` gives each its event queue.
         carriers: dict[tuple[str, str], str] = {}
