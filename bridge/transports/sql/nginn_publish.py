@@ -117,7 +117,6 @@ class NGinnPublisher(Publisher):
         self._on_skipped = on_skipped
         #: Copies not written so far, by (subscriber endpoint, reason).
         self.skipped: Counter[tuple[str, str]] = Counter()
-        self._warned: set[str] = set()
 
     def message_types(self, envelope: Envelope) -> tuple[str, ...]:
         """The NGinn names `envelope`'s subscribers are looked up by, most derived first."""
@@ -150,12 +149,13 @@ class NGinnPublisher(Publisher):
         return out
 
     def _skip(self, subscriber: str, reason: str) -> None:
+        # A subscriber's reason never changes (`_reachable`): warned of at its first count.
+        first = (subscriber, reason) not in self.skipped
         self.skipped[subscriber, reason] += 1
         if self._on_skipped is not None:
             self._on_skipped(subscriber, reason)
-        if subscriber in self._warned:
+        if not first:
             return
-        self._warned.add(subscriber)
         if reason == "other_database":
             why = (
                 f"is not a table of alias {self._options.alias!r} (this connection's database): "
