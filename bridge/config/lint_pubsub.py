@@ -283,9 +283,8 @@ def _nginn_typed(config: BridgeConfig, registry: Registry, s: Subscribed, where:
     event at run time (`nginn_outgoing.outgoing`). An event whose publisher is on NGinn
     tables too comes with NGinn's own `$type`."""
     home = registry.home(s.endpoint)
-    model = config.connections[home]
-    options = getattr(model, "nginn", None)
-    if options is None or getattr(model, "layout", None) != "nginn" or s.event in options.types:
+    options = registry.pubsub.nginn(home)
+    if options is None or s.event in options.types:
         return
     source = registry.home(s.publisher)
     if getattr(config.connections[source], "layout", None) == "nginn":
