@@ -27,7 +27,7 @@ Guarantees
     file renames no table, except one whose short name it now shares or no longer shares.
 
 Failures
-    `event_table` returns None when even a bare hash cannot fit (an alias that leaves fewer
+    `event_tables` gives None when even a bare hash cannot fit (an alias that leaves fewer
     than 11 characters): `bridge check` refuses the subscription.
 """
 
@@ -68,15 +68,10 @@ def event_table(
     queue: str, event: str, room: int, taken: Collection[str], seed: str | None = None
 ) -> str | None:
     """The event table of owner `queue` (hashed as `seed`, by default the name) and event
-    `event`: at most `room` characters, not in `taken` (casefolded names); None when nothing
-    fits."""
-    if room < HASH_CHARS + 1:
-        return None
-    prefix = _safe(queue)
-    plain = _plain(prefix, event)
-    if len(plain) <= room and plain.casefold() not in taken:
-        return plain
-    return _hashed(prefix, queue if seed is None else seed, event, room, taken)
+    `event`, wanted alone (`event_tables`): at most `room` characters, not in `taken`
+    (casefolded names); None when nothing fits."""
+    wanted = (queue, queue if seed is None else seed, event)
+    return event_tables([wanted], room, taken)[wanted]
 
 
 def _hashed(prefix: str, seed: str, event: str, room: int, taken: Collection[str]) -> str:
