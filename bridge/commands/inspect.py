@@ -149,16 +149,17 @@ def describe_registry(
 
 def _how(s: dict[str, Any]) -> str:
     """How the bridge subscribes, in words (`bridge.config.pubsub`)."""
+    # Through an NGinn publisher's event table, else a Kafka subscribers' event queue.
+    table, queue = "table" in s, "queue" in s and "table" not in s
     how = {
         "local": f"on {s['connection']}, by the endpoint itself",
-        "proxy": f"its proxy {s['address']} on {s['connection']}",
-        "kafka": f"via {s['address']} on {s['connection']}, to topic {s.get('topic')}",
+        "proxy": f"{'event table' if table else 'its proxy'} {s['address']} on {s['connection']}",
+        "kafka": f"{'event queue' if queue else 'via'} {s['address']} on {s['connection']}, "
+        f"to topic {s.get('topic')}",
         "home": f"topic {s.get('topic')} published on {s['connection']} to {s['address']}",
     }[s["kind"]]
-    if "table" in s:
-        how = how.replace("its proxy ", "event table ", 1) + f", route {s['route']}"
-    elif "queue" in s:
-        how = how.replace("via ", "event queue ", 1) + f", route {s['route']}"
+    if table or queue:
+        how += f", route {s['route']}"
     return how + (f" [{s['state']}]" if "state" in s else "")
 
 
